@@ -1,0 +1,86 @@
+"""One exception tree for the whole gateway, with an HTTP status hint on each class.
+
+Lower layers (``restms``, ``feeds``, ``auth``, ``bridges``) raise these; ``gateway``
+converts them to a ``text/plain`` reply in exactly one place (its error middleware).
+Foreign exceptions (lxml, orjson, sqlite, ...) are converted where they are caught,
+with ``raise ... from exc``, so the cause stays in the traceback.
+
+    RestMSError                      500  (never raised directly)
+    ├── BadRequest                   400  malformed document, unknown type, bad value
+    ├── Unauthorized                 401  no or bad credentials
+    ├── Forbidden                    403  method or action not allowed on this resource
+    ├── NotFound                     404  no such resource (or not yours)
+    ├── MethodNotAllowed             405  a method RestMS does not define (carries Allow)
+    ├── NotAcceptable                406  no representation the client accepts
+    ├── PreconditionFailed           412  If-Match / If-Unmodified-Since failed
+    ├── PayloadTooLarge              413  body, document or count over a configured limit
+    ├── UnsupportedMediaType         415  body in a media type we do not parse
+    ├── NotImplementedFeature        501  a feature we do not offer
+    └── ServiceUnavailable           503  queue full, wait expired (carries Retry-After)
+"""
+
+from __future__ import annotations
+
+
+class RestMSError(Exception):
+    """Root of the tree. ``str(error)`` is the one-sentence reason sent to the client."""
+
+    status: int = 500
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class BadRequest(RestMSError):
+    status = 400
+
+
+class Unauthorized(RestMSError):
+    status = 401
+
+
+class Forbidden(RestMSError):
+    status = 403
+
+
+class NotFound(RestMSError):
+    status = 404
+
+
+class MethodNotAllowed(RestMSError):
+    status = 405
+
+    def __init__(self, reason: str, allow: tuple[str, ...]) -> None:
+        super().__init__(reason)
+        self.allow = allow
+
+
+class NotAcceptable(RestMSError):
+    status = 406
+
+
+class PreconditionFailed(RestMSError):
+    status = 412
+
+
+class PayloadTooLarge(RestMSError):
+    status = 413
+
+
+class UnsupportedMediaType(RestMSError):
+    status = 415
+
+
+class NotImplementedFeature(RestMSError):
+    status = 501
+
+
+class ServiceUnavailable(RestMSError):
+    status = 503
+
+    def __init__(self, reason: str, retry_after: int = 1, status: int = 503) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
+        # A9 legacy mode answers an expired wait with 500; everything else keeps 503.
+        self.status = status

@@ -1,0 +1,124 @@
+"""RestTL documents as JSON (digest §2.4, J1-J8).
+
+``{"restms": {TYPE: [ {PROP: "string", ..., CHILDTYPE: [...]}, ... ]}}``: one key for
+the schema (J1); every child type maps to an array (J2); every property is a string
+(J3; numbers and booleans arriving on input are turned into strings); a ``<content>``
+element's text travels under ``"value"`` (``"#text"`` is accepted on input, J5).
+
+Every string must be representable in XML 1.0, so that any JSON document we accept
+converts to XML without loss (J6); control characters are refused with 400.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import orjson
+
+from .document import ROOT, TEXT_ELEMENTS, Document, Element, grouped
+from .errors import BadRequest
+from .xmlcodec import DEFAULT_LIMITS, CodecLimits
+
+TEXT_KEY = "value"
+_TEXT_KEYS = (TEXT_KEY, "#text")
+# Characters XML 1.0 cannot carry (C0 controls except tab, LF, CR; surrogates; U+FFFE/F).
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def parse_json(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
+    """Decode a JSON RestTL document, or raise :class:`BadRequest` saying why."""
+    if not body.strip():
+        raise BadRequest('empty document: expected {"restms": {...}} JSON')
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    if not isinstance(data, dict) or ROOT not in data:
+        raise BadRequest(f'JSON document must be an object with a "{ROOT}" key')
+    root = data[ROOT]
+    if root is None:
+        return Document()
+    if not isinstance(root, dict):
+        raise BadRequest(f'"{ROOT}" must hold an object')
+    budget = [limits.max_elements]
+    _, kids, _ = _object(ROOT, root, 1, limits.max_depth, budget)
+    return Document(elements=kids)
+
+
+def _string(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        text = value
+    elif isinstance(value, bool):
+        text = "1" if value else "0"
+    elif isinstance(value, int | float):
+        text = str(value)
+    else:
+        raise BadRequest(f"{where} must be a string")
+    if _NOT_XML.search(text):
+        raise BadRequest(f"{where} holds a control character XML cannot carry")
+    return text
+
+
+def _object(
+    tag: str, obj: dict[str, Any], depth: int, max_depth: int, budget: list[int]
+) -> tuple[dict[str, str], tuple[Element, ...], str | None]:
+    attrs: dict[str, str] = {}
+    kids: list[Element] = []
+    text: str | None = None
+    for key, value in obj.items():
+        if tag in TEXT_ELEMENTS and key in _TEXT_KEYS:
+            text = _string(value, f'"{key}" of <{tag}>')
+        elif isinstance(value, list):
+            for item in value:
+                kids.append(_element(key, item, depth, max_depth, budget))
+        elif isinstance(value, dict):  # a lone element where an array was expected
+            kids.append(_element(key, value, depth, max_depth, budget))
+        else:
+            s = _string(value, f'property "{key}" of <{tag}>')
+            if s is not None:
+                attrs[key] = s
+    return attrs, tuple(kids), text
+
+
+def _element(tag: str, item: Any, depth: int, max_depth: int, budget: list[int]) -> Element:
+    if not isinstance(item, dict):
+        raise BadRequest(f'each "{tag}" element must be a JSON object')
+    if not tag or _NOT_XML.search(tag) or not _is_name(tag):
+        raise BadRequest(f"{tag!r} is not a valid element name")
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise BadRequest("document has too many elements")
+    if depth >= max_depth:
+        raise BadRequest(f"document nested deeper than {max_depth} levels")
+    attrs, kids, text = _object(tag, item, depth + 1, max_depth, budget)
+    for name in attrs:
+        if not _is_name(name):
+            raise BadRequest(f"{name!r} is not a valid property name")
+    return Element(tag, attrs, kids, text)
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
+
+
+def _is_name(name: str) -> bool:
+    return _NAME.match(name) is not None
+
+
+def to_json(document: Document) -> bytes:
+    """Encode a document as JSON, following J1-J5 and J8."""
+    body: dict[str, Any] = {}
+    for tag, items in grouped(document.elements).items():
+        body[tag] = [_to_obj(el) for el in items]
+    return orjson.dumps({ROOT: body})
+
+
+def _to_obj(element: Element) -> dict[str, Any]:
+    obj: dict[str, Any] = dict(element.attrs)
+    for tag, items in grouped(element.children).items():
+        obj[tag] = [_to_obj(el) for el in items]
+    if element.text is not None:
+        obj[TEXT_KEY] = element.text
+    return obj

@@ -1,0 +1,294 @@
+"""Typed, validated resource specs read out of RestTL documents.
+
+These are what clients send: a feed or pipe to create (C1-C10), a join (G14, F9,
+F10), feed and pipe updates (R2, R3, L8) and messages to publish (M5, M6, §6.6).
+Each is a frozen value that is valid once built; anything a client can get wrong
+raises :class:`~restms.errors.BadRequest` (400) or, for counts over a configured
+limit, :class:`~restms.errors.PayloadTooLarge` (413). Unknown elements and
+properties are ignored (G6).
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from .document import Document, Element
+from .errors import BadRequest, PayloadTooLarge
+from .names import check_address, check_name
+from .uris import uri_path
+
+# ---------------------------------------------------------------- types (§6)
+DEFAULTS_PROFILE = ("3/Defaults", "http://www.restms.org/spec:3/Defaults")
+AMQP9_PROFILE = ("4/AMQP9", "http://www.restms.org/spec:4/AMQP9")
+EXTENSION_PROFILE = "x-gateway/Extensions"
+
+# Feed types: "" (3/Defaults), the six of 4/AMQP9 (F13), regexp (our extension, F12).
+FEED_TYPES = frozenset({"", "fanout", "direct", "topic", "headers", "rotator", "service", "regexp"})
+QUEUEING_FEED_TYPES = frozenset({"rotator", "service"})
+# Pipe types: "" (3/Defaults), ondemand (4/AMQP9, P3), stream (our extension, P6).
+PIPE_TYPES = frozenset({"", "ondemand", "stream"})
+PIPE_TYPE_ALIASES = {"fifo": ""}  # draft/3 name (P2, L2)
+JOIN_TYPES = frozenset({""})  # F9
+
+# AMQP9 message properties besides address, in the order they are written out (§6.6).
+MESSAGE_PROPERTIES = (
+    "message_id",
+    "reply_to",
+    "correlation_id",
+    "delivery_mode",
+    "priority",
+    "expiration",
+    "timestamp",
+    "type",
+    "user_id",
+    "app_id",
+    "sender_id",
+)
+ENCODINGS = frozenset({"plain", "base64"})
+DEFAULT_CONTENT_TYPE = "text/plain"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageLimits:
+    """Count limits on a publish request (M5 allows caps); over them -> 413."""
+
+    max_messages: int = 10_000
+    max_headers: int = 128
+    max_contents: int = 16
+
+
+# ---------------------------------------------------------------- feeds and pipes
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedSpec:
+    name: str | None  # None: a private feed (C1, C8)
+    type: str = ""
+    title: str | None = None
+    license: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in FEED_TYPES:
+            raise BadRequest(f"unknown feed type {self.type!r}")
+        if self.name is not None:
+            check_name(self.name, "feed")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipeSpec:
+    type: str = ""
+    title: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in PIPE_TYPES:
+            raise BadRequest(f"unknown pipe type {self.type!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JoinSpec:
+    feed_path: str  # the decoded path of the feed URI (U5)
+    address: str = ""
+    type: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.type not in JOIN_TYPES:
+            raise BadRequest(f"unknown join type {self.type!r}")
+        check_address(self.address, "join address")
+
+    @property
+    def identity(self) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
+        """What makes two joins on one pipe the same join (F10)."""
+        return (self.feed_path, self.type, self.address, tuple(sorted(self.headers)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Update:
+    """A PUT on a feed or pipe: the properties it carries (None = not sent, R3)."""
+
+    name: str | None = None
+    type: str | None = None
+    title: str | None = None
+    license: str | None = None
+
+
+# ---------------------------------------------------------------- messages
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EmbeddedContent:
+    """Content carried inside the message document (M6)."""
+
+    type: str = DEFAULT_CONTENT_TYPE
+    encoding: str = "plain"
+    value: str = ""  # plain text, or base64 with white space removed
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise BadRequest(f"unknown content encoding {self.encoding!r}; use plain or base64")
+
+    def data(self) -> bytes:
+        if self.encoding == "base64":
+            return binascii.a2b_base64(self.value)
+        return self.value.encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LinkedContent:
+    """A reference to a staged content (M1, M7-M10): ``<content href/>``."""
+
+    path: str
+
+
+Content = EmbeddedContent | LinkedContent
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MessageSpec:
+    address: str = ""
+    props: tuple[tuple[str, str], ...] = ()  # MESSAGE_PROPERTIES present, in that order
+    headers: tuple[tuple[str, str], ...] = ()
+    contents: tuple[Content, ...] = ()
+
+    def prop(self, name: str) -> str | None:
+        for key, value in self.props:
+            if key == name:
+                return value
+        return None
+
+    @property
+    def header_map(self) -> Mapping[str, str]:
+        return dict(self.headers)
+
+
+# ---------------------------------------------------------------- reading documents
+def _single(document: Document, allowed: tuple[str, ...], where: str) -> Element:
+    found = [el for el in document.elements if el.tag in _RESOURCE_TAGS]
+    if len(found) != 1:
+        names = " or ".join(f"<{tag}>" for tag in allowed)
+        raise BadRequest(f"expected exactly one {names} element {where}, found {len(found)}")
+    element = found[0]
+    if element.tag not in allowed:
+        names = " or ".join(f"<{tag}>" for tag in allowed)
+        raise BadRequest(f"<{element.tag}> cannot be created {where}; expected {names}")
+    return element
+
+
+_RESOURCE_TAGS = frozenset({"domain", "profile", "feed", "pipe", "join", "message", "content"})
+
+
+def creation(document: Document, slug: str | None = None) -> FeedSpec | PipeSpec:
+    """The feed or pipe a domain POST asks for (C1, C7-C10)."""
+    element = _single(document, ("feed", "pipe"), "in a domain")
+    if element.tag == "pipe":
+        # C9: pipes are always private; any name sent is ignored.
+        kind = element.attrs.get("type", "")
+        return PipeSpec(type=PIPE_TYPE_ALIASES.get(kind, kind), title=element.get("title"))
+    name = element.get("name") or (slug.strip() if slug and slug.strip() else None)
+    return FeedSpec(
+        name=name,
+        type=element.attrs.get("type", ""),
+        title=element.get("title"),
+        license=element.get("license"),
+    )
+
+
+def join(document: Document) -> JoinSpec:
+    """The join a pipe POST asks for (G14, F9)."""
+    element = _single(document, ("join",), "on a pipe")
+    feed = element.get("feed")
+    if feed is None:
+        raise BadRequest("a join needs a feed attribute naming the feed URI")
+    return JoinSpec(
+        feed_path=uri_path(feed),
+        address=element.attrs.get("address", ""),
+        type=element.attrs.get("type", ""),
+        headers=_headers(element, 1024),
+    )
+
+
+def update(document: Document, tag: str) -> Update:
+    """The properties a PUT on a feed or pipe carries (R2, R3, L8)."""
+    element = _single(document, (tag,), "in a PUT")
+    attrs = element.attrs
+    return Update(
+        name=attrs.get("name"),
+        type=attrs.get("type"),
+        title=attrs.get("title"),
+        license=attrs.get("license"),
+    )
+
+
+def messages(document: Document, limits: MessageLimits) -> tuple[MessageSpec, ...]:
+    """Every ``<message>`` of a publish request, in order (M5, M12)."""
+    found = [el for el in document.elements if el.tag == "message"]
+    if not found:
+        raise BadRequest("a publish needs at least one <message> element")
+    if len(found) > limits.max_messages:
+        raise PayloadTooLarge(f"more than {limits.max_messages} messages in one request")
+    return tuple(message(el, limits) for el in found)
+
+
+def message(element: Element, limits: MessageLimits) -> MessageSpec:
+    attrs = element.attrs
+    props = tuple((key, attrs[key]) for key in MESSAGE_PROPERTIES if attrs.get(key))
+    for key, value in props:
+        check = _PROPERTY_CHECKS.get(key)
+        if check is not None:
+            check(value)
+    contents = tuple(_content(el) for el in element.iter("content"))
+    if len(contents) > limits.max_contents:
+        raise PayloadTooLarge(f"more than {limits.max_contents} contents in one message")
+    return MessageSpec(
+        address=check_address(attrs.get("address", "")),
+        props=props,
+        headers=_headers(element, limits.max_headers),
+        contents=contents,
+    )
+
+
+def _headers(element: Element, limit: int) -> tuple[tuple[str, str], ...]:
+    headers = []
+    for header in element.iter("header"):
+        name = header.get("name")
+        if name is None:
+            raise BadRequest("every <header> needs a name")
+        headers.append((name, header.attrs.get("value", "")))
+    if len(headers) > limit:
+        raise PayloadTooLarge(f"more than {limit} headers on one element")
+    return tuple(headers)
+
+
+def _content(element: Element) -> Content:
+    href = element.get("href")
+    if href is not None:
+        return LinkedContent(path=uri_path(href))
+    encoding = element.get("encoding") or "plain"
+    value = element.text or ""
+    if encoding == "base64":
+        value = "".join(value.split())  # M6, L19: line breaks and indentation
+        try:
+            binascii.a2b_base64(value, strict_mode=True)
+        except binascii.Error as exc:
+            raise BadRequest(f"invalid base64 content: {exc}") from exc
+    return EmbeddedContent(
+        type=element.get("type") or DEFAULT_CONTENT_TYPE, encoding=encoding, value=value
+    )
+
+
+def _digits(name: str, low: int, high: int | None) -> Callable[[str], None]:
+    def check(value: str) -> None:
+        if (
+            not value.isascii()
+            or not value.isdigit()
+            or (high is not None and not low <= int(value) <= high)
+        ):
+            span = f"{low} to {high}" if high is not None else "a non-negative integer"
+            raise BadRequest(f"message {name} must be {span}, not {value!r}")
+
+    return check
+
+
+_PROPERTY_CHECKS = {
+    "priority": _digits("priority", 0, 9),
+    "delivery_mode": _digits("delivery_mode", 1, 2),
+    "expiration": _digits("expiration (milliseconds)", 0, None),
+}
