@@ -14,8 +14,8 @@ Serialising goes through lxml too, so ``&``, ``<`` and ``"`` are always escaped 
 from __future__ import annotations
 
 import threading
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from lxml import etree
 
@@ -97,7 +97,10 @@ def _children(
         attrs = {_local_name(str(k)): str(v) for k, v in child.attrib.items()}
         text = None
         if local in TEXT_ELEMENTS:
-            text = "".join(str(t) for t in child.itertext())
+            # The element's own text only (text inside a child belongs to the child,
+            # J6), and an empty element has no value at all (J5: no "value" key).
+            own = [child.text or "", *(str(k.tail or "") for k in child)]
+            text = "".join(own) or None
         kids = _children(child, depth + 1, max_depth, budget) if len(child) else ()
         out.append(Element(local, attrs, kids, text))
     return tuple(out)

@@ -1,0 +1,641 @@
+"""The embedded engine: feeds, pipes, joins, routing and delivery (2/RestMS, 3/Defaults, 4/AMQP9).
+
+Theory of operation
+-------------------
+All state lives in memory on the event loop's thread and every mutating call is
+synchronous, so a publish is routed completely, and the message is in every pipe,
+before the reply goes out (L27). Only waiting is asynchronous: asynclets and evented
+GETs await a resource's next change (:class:`~feeds.model.Watchable`), never poll.
+
+* A **pipe** holds messages at positions that only grow (A3). Position ``next_seq``
+  is the asynclet; a message routed into the pipe takes it. Acknowledging position
+  ``n`` removes ``n`` and everything older (D4).
+* A **publish** first checks every content reference of every message (M8-M10) and
+  the rotator queue bound, so a request is all-or-nothing; then it routes message
+  by message, in order (D9).
+* **Fanout-style feeds** (default, direct, fanout, topic, headers, regexp) copy the
+  message to every matching join. A pipe gets one copy even if several of its joins
+  match; ``count`` is the number of matching joins whose pipe took it. A full pipe is
+  skipped and not counted (Q2).
+* **Rotator and service feeds** give each message to at most one join, round robin
+  among eligible pipes: a default or stream pipe that is not full, or an ondemand pipe
+  that is empty and has a GET waiting (P3). With none eligible, the message waits in
+  the feed's bounded queue (F8) and is handed out when a pipe joins, asks or drains.
+  Messages a deleted pipe never acknowledged go back to the front of their queue (Q1).
+* A **service feed** deletes itself when its last join goes (F8).
+
+The engine knows nothing of HTTP; it raises :mod:`restms.errors` exceptions.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from restms import names
+from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
+from restms.specs import FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec, Update
+from restms.uris import split_path
+
+from .model import (
+    Blob,
+    Clock,
+    Domain,
+    Feed,
+    Join,
+    Message,
+    Part,
+    PartRef,
+    Pipe,
+    Resource,
+    Slot,
+    StagedContent,
+)
+from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
+
+log = logging.getLogger(__name__)
+
+DEFAULT_FEED = "default"
+DEFAULT_DOMAIN = "default"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedConfig:
+    """A feed the configuration declares: it always exists and clients cannot change it."""
+
+    name: str
+    type: str = ""
+    title: str | None = None
+    license: str | None = None
+    domain: str = DEFAULT_DOMAIN
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineConfig:
+    domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
+    feeds: tuple[FeedConfig, ...] = ()
+    default_feed_type: str = ""  # "direct" for older clients (L4)
+    max_pipe_messages: int = 10_000  # Q2
+    max_feed_queue: int = 10_000  # F8, Q22
+    listing_cap: int = 1_000  # A8
+    staged_ttl: float = 300.0  # M4
+    max_staged_bytes: int = 256 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        if not self.domains:
+            raise ValueError("at least one domain is needed")
+        if min(self.max_pipe_messages, self.max_feed_queue, self.listing_cap) < 1:
+            raise ValueError("engine limits must be positive")
+
+
+@dataclass(slots=True)
+class Counters:
+    published: int = 0
+    routed: int = 0
+    queued: int = 0
+    skipped_full: int = 0
+    acknowledged: int = 0
+    staged: int = 0
+    staged_expired: int = 0
+    requeued: int = 0
+    discarded: int = 0
+    by_type: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """The embedded engine. One instance per gateway, used from the event loop's thread."""
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        wall: Clock = time.time,
+        mono: Clock = time.monotonic,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self._wall = wall
+        self._mono = mono
+        self.counters = Counters()
+        now = wall()
+        self.domains: dict[str, Domain] = {
+            name: Domain(name, title, now) for name, title in self.config.domains
+        }
+        self.public_feeds: dict[str, Feed] = {}
+        self._private: dict[str, Feed | Pipe | Join | StagedContent] = {}
+        self._staged_bytes = 0
+        first = next(iter(self.domains))
+        default = FeedConfig(
+            name=DEFAULT_FEED,
+            type=self.config.default_feed_type,
+            title="Default feed",
+            domain=first,
+        )
+        for feed in (default, *self.config.feeds):
+            self._configure(feed)
+        self.default_feed = self.public_feeds[DEFAULT_FEED]
+
+    def _configure(self, cfg: FeedConfig) -> None:
+        domain = self.domain(cfg.domain)
+        spec = FeedSpec(name=cfg.name, type=cfg.type, title=cfg.title, license=cfg.license)
+        if cfg.name in self.public_feeds:
+            raise ValueError(f"feed {cfg.name!r} is configured twice")
+        feed = self._new_feed(domain, spec, owner="", configured=True)
+        log.debug("configured feed %s type=%r", feed.key, feed.type)
+
+    # ------------------------------------------------------------ lookup
+    def domain(self, name: str) -> Domain:
+        try:
+            return self.domains[name]
+        except KeyError:
+            raise NotFound(f"no domain named {name!r}") from None
+
+    def public_feed(self, name: str) -> Feed:
+        feed = self.public_feeds.get(name)
+        if feed is None:
+            raise NotFound(f"no feed named {name!r}")
+        return feed
+
+    def resolve(self, key: str) -> Resource:
+        """The private resource ``/restms/resource/{key}`` names, or 404."""
+        found = self._private.get(key)
+        if found is not None:
+            return found
+        pipe_key, dot, rest = key.partition(".")
+        pipe = self._private.get(pipe_key) if dot else None
+        if isinstance(pipe, Pipe):
+            seq_text, dot, index_text = rest.partition(".")
+            if seq_text.isdigit() and (not dot or index_text.isdigit()):
+                seq = int(seq_text)
+                return PartRef(pipe, seq, int(index_text)) if dot else Slot(pipe, seq)
+        raise NotFound("no such resource")
+
+    def feed_at(self, path: str) -> Feed:
+        """The feed a URI path names (join ``feed=``, U5); 400 when there is none (G14)."""
+        where = split_path(path)
+        feed: object = None
+        if where is not None:
+            kind, key = where
+            if kind == "feed":
+                feed = self.public_feeds.get(key)
+            elif kind == "resource":
+                feed = self._private.get(key)
+        if not isinstance(feed, Feed):
+            raise BadRequest(f"join names no existing feed: {path}")
+        return feed
+
+    # ------------------------------------------------------------ feeds
+    def create_feed(self, domain: Domain, spec: FeedSpec, owner: str) -> tuple[Feed, bool]:
+        """C1-C5: a public feed is idempotent (existing -> created False, C3, C4)."""
+        if spec.name is not None:
+            existing = self.public_feeds.get(spec.name)
+            if existing is not None:
+                return existing, False
+        feed = self._new_feed(domain, spec, owner, configured=False)
+        return feed, True
+
+    def _new_feed(self, domain: Domain, spec: FeedSpec, owner: str, configured: bool) -> Feed:
+        now = self._wall()
+        key = spec.name if spec.name is not None else names.new_hash()
+        feed = Feed(
+            key=key,
+            name=spec.name,
+            type=spec.type,
+            title=spec.title,
+            license=spec.license,
+            domain=domain,
+            owner=owner,
+            configured=configured,
+            now=now,
+        )
+        if feed.public:
+            self.public_feeds[key] = feed
+            domain.feeds[key] = feed
+            domain.touch(now)
+        else:
+            self._private[key] = feed
+        return feed
+
+    def update_feed(self, feed: Feed, update: Update) -> Feed:
+        """R2, R3: title and license change; name and type may only be repeated."""
+        if feed.configured:
+            raise Forbidden("configured feeds cannot be changed")
+        if update.name and update.name != (feed.name or ""):
+            raise Forbidden("a feed's name cannot be changed")
+        if update.type and update.type != feed.type:
+            raise Forbidden("a feed's type cannot be changed")
+        feed.title = update.title or None
+        feed.license = update.license or None
+        feed.touch(self._wall())
+        return feed
+
+    def delete_feed(self, feed: Feed) -> None:
+        """R5, Q29: joins and staged contents go; messages already in pipes stay."""
+        if feed.configured:
+            raise Forbidden("configured feeds cannot be deleted")
+        self._drop_feed(feed)
+
+    def _drop_feed(self, feed: Feed) -> None:
+        if feed.deleted:
+            return
+        now = self._wall()
+        feed.deleted = True
+        for join in list(feed.joins.values()):
+            self._unlink(join, now, cascade=False)
+        for staged in list(feed.staged.values()):
+            self._drop_staged(staged)
+        self.counters.discarded += len(feed.queue)
+        feed.queue.clear()
+        if feed.public:
+            self.public_feeds.pop(feed.key, None)
+            feed.domain.feeds.pop(feed.key, None)
+            feed.domain.touch(now)
+        else:
+            self._private.pop(feed.key, None)
+        feed.wake()
+
+    # ------------------------------------------------------------ pipes
+    def create_pipe(self, domain: Domain, spec: PipeSpec, owner: str) -> Pipe:
+        """C5, C9, F15, P5: a new private pipe; default and stream pipes join ``default``."""
+        now = self._wall()
+        key = names.new_hash()
+        pipe = Pipe(key, spec.type, spec.title, domain, owner, now)
+        self._private[key] = pipe
+        if spec.type != "ondemand":
+            self._link(pipe, self.default_feed, JoinSpec(feed_path="", address=key), True, now)
+        return pipe
+
+    def update_pipe(self, pipe: Pipe, update: Update) -> Pipe:
+        """L8: a PUT on a pipe may change its title, nothing else."""
+        if update.type is not None and update.type not in ("", pipe.type, "fifo"):
+            raise Forbidden("a pipe's type cannot be changed")
+        pipe.title = update.title or None
+        pipe.touch(self._wall())
+        return pipe
+
+    def delete_pipe(self, pipe: Pipe) -> None:
+        """R5: joins, messages and contents go; waiting GETs get 404 (A6)."""
+        if pipe.deleted:
+            return
+        now = self._wall()
+        pipe.deleted = True
+        self._private.pop(pipe.key, None)
+        # Q1: work a queueing feed gave this pipe and nobody acknowledged goes back.
+        requeued: set[Feed] = set()
+        for message in reversed(pipe.messages.values()):
+            source = message.source
+            if source is not None and not source.deleted:
+                source.queue.appendleft((message.spec, message.parts))
+                requeued.add(source)
+                self.counters.requeued += 1
+        pipe.messages.clear()
+        for join in list(pipe.joins.values()):
+            self._unlink(join, now, cascade=True)
+        for feed in requeued:
+            self._drain(feed)
+        pipe.wake()
+
+    # ------------------------------------------------------------ joins
+    def create_join(self, pipe: Pipe, spec: JoinSpec) -> tuple[Join, bool]:
+        """F10, F16, P4: a new join, or the identical one that exists (created False)."""
+        feed = self.feed_at(spec.feed_path)
+        if feed is self.default_feed:
+            default = next((j for j in pipe.joins.values() if j.is_default), None)
+            if default is not None and spec.address == pipe.key and not spec.headers:
+                return default, False
+            raise Forbidden("the default feed takes no joins besides each pipe's default join")
+        if pipe.type == "ondemand" and feed.type not in QUEUEING_TYPES:
+            raise Forbidden("ondemand pipes may only join rotator or service feeds")
+        identity = (feed.key, spec.type, spec.address, tuple(sorted(spec.headers)))
+        for join in pipe.joins.values():
+            if join.feed is feed and (feed.key, *join.spec.identity[1:]) == identity:
+                return join, False
+        join = self._link(pipe, feed, spec, False, self._wall())
+        if feed.type in QUEUEING_TYPES:
+            self._drain(feed)
+        return join, True
+
+    def _link(self, pipe: Pipe, feed: Feed, spec: JoinSpec, is_default: bool, now: float) -> Join:
+        match = matcher(feed.type, spec.address, spec.headers)
+        key = names.new_hash()
+        join = Join(key, pipe, feed, spec, match, is_default, now)
+        feed.joins[key] = join
+        if feed.type in INDEXED_TYPES:
+            feed.by_address.setdefault(spec.address, []).append(join)
+        feed.topic_cache.clear()
+        feed.had_join = True
+        pipe.joins[key] = join
+        self._private[key] = join
+        pipe.touch(now)
+        return join
+
+    def delete_join(self, join: Join) -> None:
+        """F16: the default join cannot go; a service feed may go with its last join (F8)."""
+        if join.is_default:
+            raise Forbidden("a pipe's default join cannot be deleted")
+        self._unlink(join, self._wall(), cascade=True)
+
+    def _unlink(self, join: Join, now: float, *, cascade: bool) -> None:
+        if join.deleted:
+            return
+        join.deleted = True
+        feed, pipe = join.feed, join.pipe
+        feed.joins.pop(join.key, None)
+        peers = feed.by_address.get(join.spec.address)
+        if peers is not None and join in peers:
+            peers.remove(join)
+            if not peers:
+                del feed.by_address[join.spec.address]
+        feed.topic_cache.clear()
+        pipe.joins.pop(join.key, None)
+        self._private.pop(join.key, None)
+        pipe.touch(now)
+        join.wake()
+        if cascade and feed.type == "service" and not feed.joins and not feed.deleted:
+            self._drop_feed(feed)
+
+    # ------------------------------------------------------------ contents
+    def stage(self, feed: Feed, data: bytes, content_type: str, owner: str) -> StagedContent:
+        """M1: keep an opaque body until a message references it, or its TTL ends (M4)."""
+        if feed.deleted:
+            raise NotFound("the feed was deleted")
+        if self._staged_bytes + len(data) > self.config.max_staged_bytes:
+            raise ServiceUnavailable("too many staged contents are waiting; retry later", 5)
+        key = names.new_hash()
+        staged = StagedContent(
+            key,
+            feed,
+            Blob(data, content_type),
+            owner,
+            self._wall(),
+            self._mono() + self.config.staged_ttl,
+        )
+        feed.staged[key] = staged
+        self._private[key] = staged
+        self._staged_bytes += len(data)
+        self.counters.staged += 1
+        return staged
+
+    def delete_staged(self, staged: StagedContent) -> None:
+        self._drop_staged(staged)
+
+    def _drop_staged(self, staged: StagedContent) -> None:
+        if staged.deleted:
+            return
+        staged.deleted = True
+        staged.feed.staged.pop(staged.key, None)
+        self._private.pop(staged.key, None)
+        self._staged_bytes -= len(staged.blob.data)
+        staged.wake()
+
+    def sweep(self) -> int:
+        """Drop staged contents past their TTL (M4); returns how many went."""
+        now = self._mono()
+        expired = [
+            s for s in self._private.values() if isinstance(s, StagedContent) and s.expires <= now
+        ]
+        for staged in expired:
+            self._drop_staged(staged)
+        self.counters.staged_expired += len(expired)
+        return len(expired)
+
+    # ------------------------------------------------------------ publish
+    def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
+        """Route messages in order; returns the join count for each (F18, F20)."""
+        if feed.deleted:
+            raise NotFound("the feed was deleted")
+        parts = self._claim_contents(feed, messages)
+        if feed.type in QUEUEING_TYPES:
+            room = self.config.max_feed_queue - len(feed.queue)
+            if len(messages) > room and self._eligible(feed) is None:
+                raise ServiceUnavailable(
+                    f"feed {feed.name or 'private'} has {len(feed.queue)} messages queued "
+                    "and no pipe to take them; retry later",
+                    1,
+                )
+        now = self._wall()
+        counts = [
+            self._route(feed, spec, part, now) for spec, part in zip(messages, parts, strict=True)
+        ]
+        self.counters.published += len(messages)
+        return counts
+
+    def _claim_contents(
+        self, feed: Feed, messages: Sequence[MessageSpec]
+    ) -> list[list[Part | None]]:
+        """M8-M10: check every reference first; only then use the staged contents up."""
+        claimed: dict[str, StagedContent] = {}
+        out: list[list[Part | None]] = []
+        for spec in messages:
+            parts: list[Part | None] = []
+            for content in spec.contents:
+                if not isinstance(content, LinkedContent):
+                    parts.append(content)
+                    continue
+                staged = self._staged_at(content.path)
+                if staged is None or staged.key in claimed:
+                    raise NotFound(f"staged content {content.path} does not exist or was used")
+                if staged.feed is not feed:
+                    raise Forbidden(f"staged content {content.path} belongs to another feed")
+                claimed[staged.key] = staged
+                parts.append(staged.blob)
+            out.append(parts)
+        for staged in claimed.values():
+            self._drop_staged(staged)
+        return out
+
+    def _staged_at(self, path: str) -> StagedContent | None:
+        where = split_path(path)
+        if where is None or where[0] != "resource":
+            return None
+        found = self._private.get(where[1])
+        return found if isinstance(found, StagedContent) else None
+
+    def _route(self, feed: Feed, spec: MessageSpec, parts: list[Part | None], now: float) -> int:
+        if feed.type in QUEUEING_TYPES:
+            join = self._eligible(feed)
+            if join is None:
+                feed.queue.append((spec, parts))
+                self.counters.queued += 1
+                return 0
+            self._deliver(join.pipe, spec, parts, feed, now)
+            return 1
+        joins = self._matching(feed, spec)
+        if not joins:
+            return 0
+        count = 0
+        took: set[Pipe] | None = None if len(joins) == 1 else set()
+        limit = self.config.max_pipe_messages
+        for join in joins:
+            pipe = join.pipe
+            if len(pipe.messages) >= limit:
+                self.counters.skipped_full += 1
+                continue
+            count += 1
+            if took is not None:
+                if pipe in took:
+                    continue
+                took.add(pipe)
+            self._deliver(pipe, spec, parts, feed, now)
+        return count
+
+    def _matching(self, feed: Feed, spec: MessageSpec) -> list[Join]:
+        kind = feed.type
+        if kind in INDEXED_TYPES:
+            return feed.by_address.get(spec.address, [])
+        if kind == "topic":
+            cached = feed.topic_cache.get(spec.address)
+            if cached is None:
+                cached = [
+                    j for j in feed.joins.values() if j.match is None or j.match(spec.address, {})
+                ]
+                if len(feed.topic_cache) >= 1024:
+                    feed.topic_cache.clear()
+                feed.topic_cache[spec.address] = cached
+            return cached
+        if kind == "fanout":
+            return list(feed.joins.values())
+        header_map = spec.header_map if kind == "headers" else {}
+        return [
+            j for j in feed.joins.values() if j.match is None or j.match(spec.address, header_map)
+        ]
+
+    def _eligible(self, feed: Feed) -> Join | None:
+        """Rotator/service: the next join in round-robin order whose pipe can take one."""
+        joins = list(feed.joins.values())
+        if not joins:
+            return None
+        limit = self.config.max_pipe_messages
+        for step in range(len(joins)):
+            join = joins[(feed.rr + step) % len(joins)]
+            pipe = join.pipe
+            if pipe.type == "ondemand":
+                ok = pipe.demand > 0 and not pipe.messages
+            else:
+                ok = len(pipe.messages) < limit
+            if ok:
+                feed.rr = (feed.rr + step + 1) % len(joins)
+                return join
+        return None
+
+    def _deliver(
+        self, pipe: Pipe, spec: MessageSpec, parts: list[Part | None], feed: Feed, now: float
+    ) -> None:
+        seq = pipe.next_seq
+        pipe.next_seq = seq + 1
+        source = feed if feed.type in QUEUEING_TYPES else None
+        pipe.messages[seq] = Message(seq, spec, list(parts), feed.name, source, now)
+        self.counters.routed += 1
+        pipe.touch(now)
+
+    def _drain(self, feed: Feed) -> None:
+        """F8: hand queued messages to eligible pipes, in order."""
+        now = self._wall()
+        while feed.queue and not feed.deleted:
+            join = self._eligible(feed)
+            if join is None:
+                return
+            spec, parts = feed.queue.popleft()
+            self._deliver(join.pipe, spec, parts, feed, now)
+
+    # ------------------------------------------------------------ delivery
+    def listing(self, pipe: Pipe) -> tuple[list[Message], int | None]:
+        """A8: the oldest messages (capped) and the asynclet position, or None when capped."""
+        cap = self.config.listing_cap
+        if len(pipe.messages) <= cap:
+            return list(pipe.messages.values()), pipe.next_seq
+        out = []
+        for message in pipe.messages.values():
+            out.append(message)
+            if len(out) == cap:
+                break
+        return out, None
+
+    def message(self, slot: Slot) -> Message | None:
+        return None if slot.pipe.deleted else slot.pipe.messages.get(slot.seq)
+
+    def pending(self, slot: Slot) -> bool:
+        """True when the slot is the asynclet: the next position of a live pipe (A3, A5)."""
+        return not slot.pipe.deleted and slot.seq == slot.pipe.next_seq
+
+    async def wait_message(self, slot: Slot, timeout: float) -> Message | None:
+        """A2, A5, A6, P3: the message at this slot, waiting while it is the asynclet.
+
+        Returns None when ``timeout`` runs out (A9). Raises 404 for positions that are
+        gone, never issued, beyond the asynclet, or whose pipe is deleted meanwhile.
+        """
+        pipe, seq = slot.pipe, slot.seq
+        deadline = self._mono() + timeout
+        while True:
+            if pipe.deleted:
+                raise NotFound("the pipe was deleted")
+            message = pipe.messages.get(seq)
+            if message is not None:
+                return message
+            if seq != pipe.next_seq:
+                raise NotFound("no message at this position")
+            ondemand = pipe.type == "ondemand"
+            if ondemand and not pipe.messages and self._pull(pipe):
+                continue
+            if ondemand:
+                pipe.demand += 1
+            try:
+                if not await pipe.changed(deadline - self._mono()):
+                    return None
+            finally:
+                if ondemand:
+                    pipe.demand -= 1
+
+    def _pull(self, pipe: Pipe) -> bool:
+        """P3: an ondemand pipe asks its queueing feeds for one message."""
+        for join in pipe.joins.values():
+            feed = join.feed
+            if feed.queue:
+                spec, parts = feed.queue.popleft()
+                self._deliver(pipe, spec, parts, feed, self._wall())
+                return True
+        return False
+
+    def ack(self, slot: Slot) -> int:
+        """D4, A7: delete this message and all older ones; a pending slot is a no-op."""
+        pipe = slot.pipe
+        if pipe.deleted or slot.seq >= pipe.next_seq:
+            return 0
+        removed = 0
+        messages = pipe.messages
+        while messages:
+            oldest = next(iter(messages))
+            if oldest > slot.seq:
+                break
+            del messages[oldest]
+            removed += 1
+        if removed:
+            self.counters.acknowledged += removed
+            pipe.touch(self._wall())
+            for join in list(pipe.joins.values()):
+                if join.feed.queue:
+                    self._drain(join.feed)
+        return removed
+
+    def part(self, ref: PartRef) -> Blob:
+        """D2, D6: the bytes of one delivered content, or 404."""
+        message = self.message(Slot(ref.pipe, ref.seq))
+        if message is None or ref.index >= len(message.parts):
+            raise NotFound("no such content")
+        part = message.parts[ref.index]
+        if not isinstance(part, Blob):
+            raise NotFound("no such content")
+        return part
+
+    def delete_part(self, ref: PartRef) -> None:
+        message = self.message(Slot(ref.pipe, ref.seq))
+        if message is not None and ref.index < len(message.parts) and message.parts[ref.index]:
+            message.parts[ref.index] = None
+            ref.pipe.touch(self._wall())
+
+    def stream(self, pipe: Pipe, after: int) -> Iterator[Message]:
+        """Messages held in the pipe at positions after ``after``, oldest first."""
+        for seq, message in pipe.messages.items():
+            if seq > after:
+                yield message

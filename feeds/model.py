@@ -1,0 +1,258 @@
+"""Engine state: domains, feeds, pipes, joins, messages and contents.
+
+Every resource is :class:`Watchable`: it has a version that grows whenever its
+document would change (H7) and a wall-clock modification time (H2). Waiting for a
+change (asynclets A2, evented GETs H9-H11, streams) costs one future per waiter and
+no polling: :meth:`Watchable.touch` resolves them all at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
+
+from .routing import Matcher
+
+
+class Watchable:
+    """A resource whose changes can be awaited."""
+
+    __slots__ = ("_waiters", "deleted", "modified", "version")
+
+    def __init__(self, now: float) -> None:
+        self.version = 1
+        self.modified = now
+        self.deleted = False
+        self._waiters: set[asyncio.Future[None]] | None = None
+
+    def touch(self, now: float) -> None:
+        self.version += 1
+        self.modified = now
+        self.wake()
+
+    def wake(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        if waiters:
+            for future in waiters:
+                if not future.done():
+                    future.set_result(None)
+
+    async def changed(self, timeout: float) -> bool:
+        """Wait until the next touch (True) or until ``timeout`` seconds pass (False)."""
+        if timeout <= 0:
+            return False
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._waiters is None:
+            self._waiters = set()
+        self._waiters.add(future)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if self._waiters is not None:
+                self._waiters.discard(future)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters) if self._waiters else 0
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    """Bytes of a staged content, shared by every pipe it was delivered to (D6)."""
+
+    data: bytes
+    content_type: str
+
+
+Part = EmbeddedContent | Blob  # one content of a delivered message
+
+
+class StagedContent(Watchable):
+    """An opaque body POSTed to a feed, waiting to be referenced by a message (M1, M4)."""
+
+    __slots__ = ("blob", "expires", "feed", "key", "owner")
+
+    def __init__(self, key: str, feed: Feed, blob: Blob, owner: str, now: float, expires: float):
+        super().__init__(now)
+        self.key = key
+        self.feed = feed
+        self.blob = blob
+        self.owner = owner
+        self.expires = expires  # monotonic deadline (M4 TTL)
+
+
+class Message:
+    """A message held in a pipe at one position (A3)."""
+
+    __slots__ = ("arrived", "feed_name", "parts", "seq", "source", "spec")
+
+    def __init__(
+        self,
+        seq: int,
+        spec: MessageSpec,
+        parts: list[Part | None],
+        feed_name: str | None,
+        source: Feed | None,
+        arrived: float,
+    ) -> None:
+        self.seq = seq
+        self.spec = spec
+        self.parts = parts  # None where the content was deleted (D6)
+        self.feed_name = feed_name  # D8: kept for older clients
+        self.source = source  # the queueing feed it came from, to requeue (Q1)
+        self.arrived = arrived
+
+    @property
+    def version(self) -> int:
+        """Grows as delivered contents are deleted, the only change a message sees."""
+        return 1 + sum(part is None for part in self.parts)
+
+    @property
+    def modified(self) -> float:
+        return self.arrived
+
+
+class Domain(Watchable):
+    __slots__ = ("feeds", "name", "title")
+
+    def __init__(self, name: str, title: str, now: float) -> None:
+        super().__init__(now)
+        self.name = name
+        self.title = title
+        self.feeds: dict[str, Feed] = {}  # public feeds listed here (G13)
+
+
+class Feed(Watchable):
+    __slots__ = (
+        "by_address",
+        "configured",
+        "domain",
+        "had_join",
+        "joins",
+        "key",
+        "license",
+        "name",
+        "owner",
+        "queue",
+        "rr",
+        "staged",
+        "title",
+        "topic_cache",
+        "type",
+    )
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        name: str | None,
+        type: str,
+        title: str | None,
+        license: str | None,
+        domain: Domain,
+        owner: str,
+        configured: bool,
+        now: float,
+    ) -> None:
+        super().__init__(now)
+        self.key = key  # public name, or private hash
+        self.name = name  # None for a private feed
+        self.type = type
+        self.title = title
+        self.license = license
+        self.domain = domain
+        self.owner = owner
+        self.configured = configured  # PUT/DELETE give 403 (F17)
+        self.joins: dict[str, Join] = {}
+        self.by_address: dict[str, list[Join]] = {}  # "" and direct feeds
+        self.topic_cache: dict[str, list[Join]] = {}  # topic feeds, cleared on join change
+        self.queue: deque[tuple[MessageSpec, list[Part | None]]] = deque()  # rotator/service
+        self.rr = 0  # round-robin cursor
+        self.had_join = False  # a service feed deletes itself after its last join (F8)
+        self.staged: dict[str, StagedContent] = {}
+
+    @property
+    def public(self) -> bool:
+        return self.name is not None
+
+
+class Pipe(Watchable):
+    __slots__ = (
+        "demand",
+        "domain",
+        "joins",
+        "key",
+        "messages",
+        "next_seq",
+        "owner",
+        "title",
+        "type",
+    )
+
+    def __init__(
+        self, key: str, type: str, title: str | None, domain: Domain, owner: str, now: float
+    ):
+        super().__init__(now)
+        self.key = key  # the pipe name is its hash (U6)
+        self.type = type
+        self.title = title
+        self.domain = domain
+        self.owner = owner
+        self.joins: dict[str, Join] = {}
+        self.messages: dict[int, Message] = {}  # in position order
+        self.next_seq = 1  # the asynclet's position (A3)
+        self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
+
+    def oldest(self) -> int | None:
+        return next(iter(self.messages), None)
+
+
+class Join(Watchable):
+    __slots__ = ("feed", "is_default", "key", "match", "pipe", "spec")
+
+    def __init__(
+        self,
+        key: str,
+        pipe: Pipe,
+        feed: Feed,
+        spec: JoinSpec,
+        match: Matcher | None,
+        is_default: bool,
+        now: float,
+    ) -> None:
+        super().__init__(now)
+        self.key = key
+        self.pipe = pipe
+        self.feed = feed
+        self.spec = spec
+        self.match = match
+        self.is_default = is_default  # the pipe's join on the default feed (F15, F16)
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A message position in a pipe, whether filled, pending (the asynclet) or gone."""
+
+    pipe: Pipe
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class PartRef:
+    """One delivered content of a message in a pipe (D6)."""
+
+    pipe: Pipe
+    seq: int
+    index: int
+
+
+Resource = Feed | Pipe | Join | StagedContent | Slot | PartRef
+Clock = Callable[[], float]

@@ -1,0 +1,69 @@
+"""The application factory: routes, middleware, state and background work."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from feeds.engine import Engine
+
+from . import resources
+from .config import Config
+from .keys import CONFIG, ENGINE
+from .middleware import authenticate, errors
+
+log = logging.getLogger(__name__)
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def build_app(config: Config) -> web.Application:
+    app = web.Application(middlewares=[errors, authenticate], client_max_size=config.max_body)
+    app[CONFIG] = config
+    app[ENGINE] = Engine(config.engine())
+    app.router.add_route("*", "/restms/{kind:domain|feed|resource}/{name}", resources.handle)
+    app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
+    app.router.add_get("/profile/x-gateway", extension_profile)
+    app.router.add_get("/healthz", healthz)
+    app.cleanup_ctx.append(_data_dir)
+    app.cleanup_ctx.append(_sweeper)
+    return app
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(text="ok\n")
+
+
+async def extension_profile(request: web.Request) -> web.Response:
+    """U9: the human-readable page of our extension profile (F12)."""
+    page = ROOT / "docs" / "EXTENSIONS.md"
+    text = await asyncio.to_thread(page.read_text, encoding="utf-8")
+    return web.Response(text=text, content_type="text/markdown")
+
+
+async def _data_dir(app: web.Application) -> AsyncIterator[None]:
+    path = Path(app[CONFIG].data_dir)
+    await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
+    yield
+
+
+async def _sweeper(app: web.Application) -> AsyncIterator[None]:
+    """M4: expire staged contents in the background."""
+    engine, interval = app[ENGINE], app[CONFIG].sweep_interval
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(interval)
+            expired = engine.sweep()
+            if expired:
+                log.info("staged contents expired", extra={"count": expired})
+
+    task = asyncio.create_task(run(), name="staged-content-sweeper")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

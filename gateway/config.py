@@ -1,0 +1,179 @@
+"""Gateway configuration: defaults, then a TOML file, then ``RESTMS_*``, then CLI flags.
+
+Every scalar key of :class:`Config` may appear at the top level of the TOML file
+(or in a ``[gateway]`` table) and be overridden by the environment variable
+``RESTMS_<KEY>`` (``RESTMS_PORT=9000``) and then by command-line flags. Domains and
+configured feeds are TOML arrays of tables (``[[domains]]``, ``[[feeds]]``).
+Unknown keys are an error: a typo must not silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from feeds.engine import DEFAULT_DOMAIN, EngineConfig, FeedConfig
+from restms.specs import MessageLimits
+from restms.xmlcodec import CodecLimits
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message says which key and why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    data_dir: str = "./var"
+    insecure: bool = False  # allow a non-loopback bind before OAuth exists
+    log_level: str = "INFO"
+    access_log: bool = False
+    # HTTP limits
+    max_body: int = 4 * 1024 * 1024  # bytes; 413 above (S3)
+    max_wait: float = 300.0  # seconds an asynclet or When-* GET may wait (A9)
+    expired_wait_status: int = 503  # 500 for older clients (A9, L16)
+    stream_max: float = 3600.0  # seconds a stream pipe or SSE response stays open
+    heartbeat: float = 15.0  # seconds between SSE keep-alive comments
+    max_messages_per_request: int = 10_000
+    max_headers_per_message: int = 128
+    max_contents_per_message: int = 16
+    max_depth: int = 16
+    max_elements: int = 200_000
+    # engine
+    legacy_default_feed_type: str = ""  # "direct" for older clients (L4)
+    max_pipe_messages: int = 10_000
+    max_feed_queue: int = 10_000
+    listing_cap: int = 1_000
+    staged_ttl: float = 300.0
+    max_staged_bytes: int = 256 * 1024 * 1024
+    sweep_interval: float = 5.0
+    domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
+    feeds: tuple[FeedConfig, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port {self.port} is out of range")
+        if self.expired_wait_status not in (500, 503):
+            raise ConfigError("expired_wait_status must be 500 or 503")
+        if self.legacy_default_feed_type not in ("", "direct"):
+            raise ConfigError('legacy_default_feed_type must be "" or "direct"')
+        for key in ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive")
+        if not self.insecure and not is_loopback(self.host):
+            raise ConfigError(
+                f"refusing to listen on {self.host}: until OAuth is configured every request "
+                "acts as the guest principal, so only loopback is allowed; pass --insecure "
+                "to listen there anyway"
+            )
+
+    def engine(self) -> EngineConfig:
+        return EngineConfig(
+            domains=self.domains,
+            feeds=self.feeds,
+            default_feed_type=self.legacy_default_feed_type,
+            max_pipe_messages=self.max_pipe_messages,
+            max_feed_queue=self.max_feed_queue,
+            listing_cap=self.listing_cap,
+            staged_ttl=self.staged_ttl,
+            max_staged_bytes=self.max_staged_bytes,
+        )
+
+    def message_limits(self) -> MessageLimits:
+        return MessageLimits(
+            max_messages=self.max_messages_per_request,
+            max_headers=self.max_headers_per_message,
+            max_contents=self.max_contents_per_message,
+        )
+
+    def codec_limits(self) -> CodecLimits:
+        return CodecLimits(max_depth=self.max_depth, max_elements=self.max_elements)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+_SCALARS = {f.name: f for f in dataclasses.fields(Config) if f.name not in ("domains", "feeds")}
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    kind = _SCALARS[key].type
+    try:
+        if kind == "bool":
+            if isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+                    raise ValueError(value)
+                return lowered in ("1", "true", "yes", "on")
+            return bool(value)
+        if kind == "int":
+            if isinstance(value, bool):
+                raise ValueError(value)
+            return int(value)
+        if kind == "float":
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: {key} must be a {kind}, not {value!r}") from exc
+
+
+def load(
+    path: str | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Build the configuration from its four layers; raises :class:`ConfigError`."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        values.update(_from_toml(data, path))
+    environ = os.environ if env is None else env
+    for key in _SCALARS:
+        name = f"RESTMS_{key.upper()}"
+        if name in environ:
+            values[key] = _coerce(key, environ[name], name)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            values[key] = _coerce(key, value, "command line")
+    return Config(**values)
+
+
+def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
+    table = dict(data)
+    table.update(table.pop("gateway", {}))
+    values: dict[str, Any] = {}
+    domains = table.pop("domains", None)
+    feeds = table.pop("feeds", None)
+    for key, value in table.items():
+        if key not in _SCALARS:
+            raise ConfigError(f"{path}: unknown key {key!r}")
+        values[key] = _coerce(key, value, path)
+    if domains is not None:
+        try:
+            values["domains"] = tuple((d["name"], d.get("title", d["name"])) for d in domains)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{path}: each [[domains]] needs a name") from exc
+    if feeds is not None:
+        try:
+            values["feeds"] = tuple(FeedConfig(**f) for f in feeds)
+        except TypeError as exc:
+            raise ConfigError(f"{path}: bad [[feeds]] entry: {exc}") from exc
+    return values

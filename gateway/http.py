@@ -1,0 +1,178 @@
+"""Request and response plumbing shared by the resource handlers.
+
+Reading bodies (with the size cap), choosing the representation (G9-G12), writing a
+document with ``ETag``/``Last-Modified`` (H1, H2, H6), conditional GETs (H3, H4),
+conditional PUT/DELETE (H5) and evented GETs (H9-H11) all live here, so handlers
+stay a few lines: decode, call the engine, encode.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+from aiohttp import web
+
+import restms
+from feeds.model import Watchable
+from restms.document import Document
+from restms.errors import (
+    NotFound,
+    PayloadTooLarge,
+    PreconditionFailed,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
+from restms.httpdates import etag, etag_list, http_date, parse_http_date
+from restms.media import Format, body_format, negotiate
+from restms.uris import Base
+
+from .keys import CONFIG, PRINCIPAL
+
+NO_CACHE = "no-cache"
+
+
+class Versioned(Protocol):
+    """Anything with validators: engine resources and messages."""
+
+    @property
+    def version(self) -> int: ...
+    @property
+    def modified(self) -> float: ...
+
+
+def base(request: web.Request) -> Base:
+    return Base(request.scheme, request.host)
+
+
+def principal(request: web.Request) -> str:
+    return request[PRINCIPAL]
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The whole body, refusing anything over ``max_body`` with 413 before reading it."""
+    limit = request.app[CONFIG].max_body
+    length = request.content_length
+    if length is not None and length > limit:
+        raise PayloadTooLarge(f"request body of {length} bytes is over the {limit}-byte limit")
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge as exc:
+        raise PayloadTooLarge(f"request body is over the {limit}-byte limit") from exc
+
+
+def request_format(request: web.Request) -> Format:
+    """The structured format of the body, from ``Content-Type`` (G10); 415 otherwise."""
+    fmt = body_format(request.headers.get("Content-Type"))
+    if fmt is None:
+        raise UnsupportedMediaType(
+            "send application/restms+xml, application/restms+json or text/xml, "
+            f"not {request.headers.get('Content-Type') or 'no Content-Type'}"
+        )
+    return fmt
+
+
+def decode(request: web.Request, body: bytes, fmt: Format) -> Document:
+    return restms.decode(body, fmt, request.app[CONFIG].codec_limits())
+
+
+async def read_document(request: web.Request) -> tuple[Document, Format]:
+    fmt = request_format(request)
+    body = await read_body(request)
+    return decode(request, body, fmt), fmt
+
+
+def reply_format(request: web.Request, body_fmt: Format | None = None) -> Format:
+    return negotiate(request.headers.get("Accept"), body_fmt)
+
+
+def tag_for(key: str, resource: Versioned, fmt: Format) -> str:
+    return etag(key, resource.version, fmt.tag)
+
+
+def document(
+    request: web.Request,
+    document: Document,
+    fmt: Format,
+    *,
+    key: str,
+    resource: Versioned | None,
+    status: int = 200,
+    location: str | None = None,
+    no_cache: bool = False,
+) -> web.Response:
+    """A structured reply with its validators (H1, H2, H6, H8) and optional Location."""
+    headers = {"Content-Type": fmt.media_type}
+    if resource is not None:
+        headers["ETag"] = tag_for(key, resource, fmt)
+        headers["Last-Modified"] = http_date(resource.modified)
+    if location is not None:
+        headers["Location"] = location
+    if no_cache:
+        headers["Cache-Control"] = NO_CACHE
+    return web.Response(status=status, body=restms.encode(document, fmt), headers=headers)
+
+
+def not_modified(
+    request: web.Request, key: str, resource: Versioned, fmt: Format
+) -> web.Response | None:
+    """H3: 304 when every validator the client sent says its copy is current."""
+    inm = request.headers.get("If-None-Match")
+    ims = request.headers.get("If-Modified-Since")
+    if inm is None and ims is None:
+        return None
+    current = tag_for(key, resource, fmt)
+    if inm is not None:
+        tags = etag_list(inm)
+        if "*" not in tags and current not in tags:
+            return None
+    if ims is not None:
+        since = parse_http_date(ims)
+        if since is None or int(resource.modified) > since:
+            return None
+    return web.Response(
+        status=304, headers={"ETag": current, "Last-Modified": http_date(resource.modified)}
+    )
+
+
+def check_preconditions(request: web.Request, key: str, resource: Versioned) -> None:
+    """H5: 412 when If-Match or If-Unmodified-Since says the client's copy is stale."""
+    im = request.headers.get("If-Match")
+    if im is not None:
+        tags = etag_list(im)
+        current = {tag_for(key, resource, fmt) for fmt in Format}
+        if "*" not in tags and not current.intersection(tags):
+            raise PreconditionFailed("If-Match: the resource has changed")
+    ius = request.headers.get("If-Unmodified-Since")
+    if ius is not None:
+        since = parse_http_date(ius)
+        if since is None or int(resource.modified) > since:
+            raise PreconditionFailed("If-Unmodified-Since: the resource has changed")
+
+
+def wait_expired(request: web.Request, what: str) -> ServiceUnavailable:
+    """A9: 503 + Retry-After: 0, or 500 in the compatibility mode for older clients."""
+    status = request.app[CONFIG].expired_wait_status
+    return ServiceUnavailable(f"{what} wait expired, retry", retry_after=0, status=status)
+
+
+async def evented(request: web.Request, key: str, resource: Watchable, fmt: Format) -> None:
+    """H9-H11: hold a GET until When-None-Match / When-Modified-After both hold."""
+    wnm = request.headers.get("When-None-Match")
+    wma = request.headers.get("When-Modified-After")
+    if wnm is None and wma is None:
+        return
+    tags = etag_list(wnm) if wnm is not None else []
+    after = parse_http_date(wma) if wma is not None else None
+    if wma is not None and after is None:
+        raise restms.BadRequest("When-Modified-After is not an HTTP date")
+    deadline = time.monotonic() + request.app[CONFIG].max_wait
+    while True:
+        if resource.deleted:
+            raise NotFound("the resource was deleted")
+        etag_ok = not tags or tag_for(key, resource, fmt) not in tags
+        date_ok = after is None or int(resource.modified) > after
+        if etag_ok and date_ok:
+            return
+        if not await resource.changed(deadline - time.monotonic()):
+            raise wait_expired(request, "evented GET")

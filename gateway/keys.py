@@ -1,0 +1,13 @@
+"""Typed keys for application and request state (``web.AppKey``, never strings)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from feeds.engine import Engine
+
+from .config import Config
+
+CONFIG = web.AppKey("config", Config)
+ENGINE = web.AppKey("engine", Engine)
+PRINCIPAL = web.RequestKey("principal", str)

@@ -1,0 +1,68 @@
+"""Middleware: one per concern.
+
+* :func:`errors` turns every failure into a ``text/plain`` reply with a precise
+  status (S4). It is the only place where exceptions become HTTP.
+* :func:`authenticate` decides the request's principal. Until OAuth arrives, a
+  request from loopback (or any request when the server was started ``--insecure``)
+  acts as the built-in ``guest`` principal; anything else gets 401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+
+from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable
+
+from .keys import CONFIG, PRINCIPAL
+
+log = logging.getLogger(__name__)
+GUEST = "guest"
+
+
+def text_reply(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, text=reason.rstrip() + "\n", headers=headers)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RestMSError as exc:
+        headers = {}
+        if isinstance(exc, MethodNotAllowed):
+            headers["Allow"] = ", ".join(exc.allow)
+        if isinstance(exc, ServiceUnavailable):
+            headers["Retry-After"] = str(exc.retry_after)
+        return text_reply(exc.status, exc.reason, headers)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return text_reply(exc.status, exc.text or exc.reason, headers)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return text_reply(500, "internal error; it has been logged")
+
+
+def _is_loopback(host: str | None) -> bool:
+    if not host:
+        return False
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host.startswith("/")  # a Unix socket peer is local
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.app[CONFIG].insecure or _is_loopback(request.remote):
+        request[PRINCIPAL] = GUEST
+        return await handler(request)
+    return text_reply(401, "authentication required: only loopback clients act as guest")

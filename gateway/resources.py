@@ -1,0 +1,359 @@
+"""RestMS resource handlers and the method table that dispatches to them (digest §1.2).
+
+Each handler decodes the request, calls the engine and encodes the reply. Which
+method is allowed on which resource is data (:data:`METHODS`): a handler, or the
+reason a 403 gives (U10). Methods RestMS does not define get 405 with ``Allow``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from feeds.model import Domain, Feed, Join, PartRef, Pipe, Slot, StagedContent
+from restms import specs
+from restms.errors import Forbidden, MethodNotAllowed, NotFound
+from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
+
+from . import http, streams, views
+from .keys import CONFIG, ENGINE
+
+Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
+OCTET_STREAM = "application/octet-stream"
+
+
+# ---------------------------------------------------------------- domain
+async def get_domain(request: web.Request, domain: Domain) -> web.StreamResponse:
+    return await _get(
+        request,
+        f"d:{domain.name}",
+        domain,
+        lambda: views.domain(http.base(request), domain, request.app[ENGINE]),
+    )
+
+
+async def post_domain(request: web.Request, domain: Domain) -> web.StreamResponse:
+    """C1-C10: create a feed (201, or 200 for an existing public one) or a pipe (201)."""
+    document, body_fmt = await http.read_document(request)
+    spec = specs.creation(document, slug=request.headers.get("Slug"))
+    engine = request.app[ENGINE]
+    base = http.base(request)
+    fmt = http.reply_format(request, body_fmt)
+    if isinstance(spec, specs.PipeSpec):
+        pipe = engine.create_pipe(domain, spec, http.principal(request))
+        return http.document(
+            request,
+            views.pipe(base, pipe, engine),
+            fmt,
+            key=f"p:{pipe.key}",
+            resource=pipe,
+            status=201,
+            location=base.resource(pipe.key),
+            no_cache=True,
+        )
+    feed, created = engine.create_feed(domain, spec, http.principal(request))
+    return http.document(
+        request,
+        views.feed(base, feed),
+        fmt,
+        key=f"f:{feed.key}",
+        resource=feed,
+        status=201 if created else 200,
+        location=views.feed_uri(base, feed),
+    )
+
+
+# ---------------------------------------------------------------- feeds
+async def get_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
+    return await _get(request, f"f:{feed.key}", feed, lambda: views.feed(http.base(request), feed))
+
+
+async def put_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
+    """R2, R3, F17: title and license; 204 for an empty body."""
+    if feed.configured:
+        raise Forbidden("configured feeds cannot be changed")
+    http.check_preconditions(request, f"f:{feed.key}", feed)
+    body = await http.read_body(request)
+    if not body:
+        return web.Response(status=204)
+    body_fmt = http.request_format(request)
+    update = specs.update(http.decode(request, body, body_fmt), "feed")
+    request.app[ENGINE].update_feed(feed, update)
+    return http.document(
+        request,
+        views.feed(http.base(request), feed),
+        http.reply_format(request, body_fmt),
+        key=f"f:{feed.key}",
+        resource=feed,
+    )
+
+
+async def delete_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
+    if feed.configured:
+        raise Forbidden("configured feeds cannot be deleted")
+    http.check_preconditions(request, f"f:{feed.key}", feed)
+    request.app[ENGINE].delete_feed(feed)
+    return web.Response(status=200)
+
+
+async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
+    """M1-M3, M5-M12: a structured body publishes; anything else is staged."""
+    content_type = request.headers.get("Content-Type", "")
+    body = await http.read_body(request)
+    body_fmt = body_format(content_type) if bare_type(content_type) else looks_structured(body)
+    engine = request.app[ENGINE]
+    if body_fmt is None:
+        staged = engine.stage(
+            feed, body, content_type.strip() or OCTET_STREAM, http.principal(request)
+        )
+        # M1: 201 + Location, no Content-Type and an empty body.
+        return web.Response(
+            status=201, headers={"Location": http.base(request).resource(staged.key)}
+        )
+    config = request.app[CONFIG]
+    messages = specs.messages(http.decode(request, body, body_fmt), config.message_limits())
+    counts = engine.publish(feed, messages)
+    fmt = http.reply_format(request, body_fmt)
+    return http.document(request, views.counts(counts), fmt, key="", resource=None)
+
+
+# ---------------------------------------------------------------- pipes
+async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    if accepts_event_stream(request.headers.get("Accept")):
+        return await streams.sse(request, pipe)
+    engine = request.app[ENGINE]
+    return await _get(
+        request,
+        f"p:{pipe.key}",
+        pipe,
+        lambda: views.pipe(http.base(request), pipe, engine),
+        no_cache=True,
+    )
+
+
+async def put_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    """L8, Q15: a PUT on a pipe changes its title only."""
+    http.check_preconditions(request, f"p:{pipe.key}", pipe)
+    body = await http.read_body(request)
+    if not body:
+        return web.Response(status=204)
+    body_fmt = http.request_format(request)
+    engine = request.app[ENGINE]
+    engine.update_pipe(pipe, specs.update(http.decode(request, body, body_fmt), "pipe"))
+    return http.document(
+        request,
+        views.pipe(http.base(request), pipe, engine),
+        http.reply_format(request, body_fmt),
+        key=f"p:{pipe.key}",
+        resource=pipe,
+        no_cache=True,
+    )
+
+
+async def delete_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    http.check_preconditions(request, f"p:{pipe.key}", pipe)
+    request.app[ENGINE].delete_pipe(pipe)
+    return web.Response(status=200)
+
+
+async def post_join(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    """F10, F16, P4, G14: join the pipe to a feed (201, or 200 for an identical join)."""
+    document, body_fmt = await http.read_document(request)
+    join, created = request.app[ENGINE].create_join(pipe, specs.join(document))
+    base = http.base(request)
+    return http.document(
+        request,
+        views.join(base, join),
+        http.reply_format(request, body_fmt),
+        key=f"j:{join.key}",
+        resource=join,
+        status=201 if created else 200,
+        location=base.resource(join.key),
+    )
+
+
+# ---------------------------------------------------------------- joins
+async def get_join(request: web.Request, join: Join) -> web.StreamResponse:
+    return await _get(request, f"j:{join.key}", join, lambda: views.join(http.base(request), join))
+
+
+async def delete_join(request: web.Request, join: Join) -> web.StreamResponse:
+    http.check_preconditions(request, f"j:{join.key}", join)
+    request.app[ENGINE].delete_join(join)
+    return web.Response(status=200)
+
+
+# ---------------------------------------------------------------- messages
+async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
+    """A2, A5, A9, U11, P6: a message, waiting while the slot is the asynclet."""
+    engine = request.app[ENGINE]
+    pipe = slot.pipe
+    if request.method == "HEAD":
+        message = engine.message(slot)  # U11: HEAD never blocks
+    elif pipe.type == "stream" and engine.pending(slot):
+        return await streams.multipart(request, pipe)
+    else:
+        fmt = http.reply_format(request)  # 406 before waiting, not after
+        message = await engine.wait_message(slot, request.app[CONFIG].max_wait)
+        if message is None:
+            raise http.wait_expired(request, "asynclet")
+    if message is None:
+        raise NotFound("no message at this position yet")
+    key = f"m:{pipe.key}.{slot.seq}"
+    fmt = http.reply_format(request)
+    unchanged = http.not_modified(request, key, message, fmt)
+    if unchanged is not None:
+        return unchanged
+    return http.document(
+        request,
+        views.message(http.base(request), pipe, message),
+        fmt,
+        key=key,
+        resource=message,
+        no_cache=True,
+    )
+
+
+async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
+    """D4, A7, D5: acknowledge this message and every older one."""
+    request.app[ENGINE].ack(slot)
+    return web.Response(status=200)
+
+
+# ---------------------------------------------------------------- contents
+def _bytes(data: bytes, content_type: str) -> web.Response:
+    return web.Response(
+        body=data, headers={"Content-Type": content_type, "Cache-Control": "no-cache"}
+    )
+
+
+async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
+    blob = request.app[ENGINE].part(ref)
+    return _bytes(blob.data, blob.content_type)
+
+
+async def delete_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
+    request.app[ENGINE].delete_part(ref)
+    return web.Response(status=200)
+
+
+async def get_staged(request: web.Request, staged: StagedContent) -> web.StreamResponse:
+    return _bytes(staged.blob.data, staged.blob.content_type)
+
+
+async def delete_staged(request: web.Request, staged: StagedContent) -> web.StreamResponse:
+    request.app[ENGINE].delete_staged(staged)
+    return web.Response(status=200)
+
+
+# ---------------------------------------------------------------- shared GET
+async def _get(
+    request: web.Request,
+    key: str,
+    resource: Any,
+    render: Callable[[], Any],
+    *,
+    no_cache: bool = False,
+) -> web.StreamResponse:
+    """GET with If-* first (H3, Q34), then When-* (H9-H11), then the document."""
+    fmt: Format = http.reply_format(request)
+    unchanged = http.not_modified(request, key, resource, fmt)
+    if unchanged is not None:
+        return unchanged
+    await http.evented(request, key, resource, fmt)
+    return http.document(request, render(), fmt, key=key, resource=resource, no_cache=no_cache)
+
+
+# ---------------------------------------------------------------- the method table
+METHODS: dict[str, dict[str, Handler | str]] = {
+    "domain": {
+        "GET": get_domain,
+        "POST": post_domain,
+        "PUT": "a domain cannot be changed",
+        "DELETE": "a domain cannot be deleted",
+    },
+    "feed": {"GET": get_feed, "PUT": put_feed, "DELETE": delete_feed, "POST": post_feed},
+    "pipe": {"GET": get_pipe, "PUT": put_pipe, "DELETE": delete_pipe, "POST": post_join},
+    "join": {
+        "GET": get_join,
+        "PUT": "a join cannot be changed; delete it and create another",
+        "DELETE": delete_join,
+        "POST": "nothing can be created under a join",
+    },
+    "message": {
+        "GET": get_message,
+        "PUT": "a message cannot be changed",
+        "DELETE": delete_message,
+        "POST": "nothing can be created under a message",
+    },
+    "content": {
+        "GET": get_part,
+        "PUT": "a content cannot be changed",
+        "DELETE": delete_part,
+        "POST": "nothing can be created under a content",
+    },
+    "staged": {
+        "GET": get_staged,
+        "PUT": "a content cannot be changed",
+        "DELETE": delete_staged,
+        "POST": "nothing can be created under a content",
+    },
+}
+_KINDS: dict[type, str] = {
+    Domain: "domain",
+    Feed: "feed",
+    Pipe: "pipe",
+    Join: "join",
+    Slot: "message",
+    PartRef: "content",
+    StagedContent: "staged",
+}
+
+
+def allowed(kind: str) -> tuple[str, ...]:
+    table = METHODS[kind]
+    names = [m for m, h in table.items() if not isinstance(h, str)]
+    return tuple([*names, "HEAD"]) if "GET" in names else tuple(names)
+
+
+async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
+    kind = _KINDS[type(target)]
+    method = "GET" if request.method == "HEAD" else request.method
+    entry = METHODS[kind].get(method)
+    if entry is None:
+        raise MethodNotAllowed(f"{request.method} is not defined on a {kind}", allowed(kind))
+    if isinstance(entry, str):
+        raise Forbidden(entry)
+    return await entry(request, target)
+
+
+def _lookup(request: web.Request) -> Any:
+    engine = request.app[ENGINE]
+    kind = request.match_info.get("kind")
+    name = request.match_info["name"]
+    if kind == "domain":
+        return engine.domain(name)
+    if kind == "feed":
+        return engine.public_feed(name)
+    return engine.resolve(name)
+
+
+async def handle(request: web.Request) -> web.StreamResponse:
+    """Entry point for every ``/restms/{kind}/{name}`` route."""
+    try:
+        target = _lookup(request)
+    except NotFound:
+        if request.method == "DELETE":
+            return web.Response(status=200)  # R4, L10: DELETE is idempotent
+        raise
+    return await dispatch(request, target)
+
+
+async def unknown(request: web.Request) -> web.StreamResponse:
+    """U12: any other path under /restms/ is no resource."""
+    raise NotFound(f"no RestMS resource at {request.path}")
+
+
+__all__ = ["METHODS", "Format", "handle", "unknown"]

@@ -1,0 +1,47 @@
+"""Running the gateway: uvloop, one TCP site, clean shutdown on SIGINT and SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+from aiohttp import web
+
+from .app import build_app
+from .config import Config
+
+log = logging.getLogger("gateway")
+
+
+async def serve(config: Config) -> None:
+    app = build_app(config)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,  # a client that goes away ends its wait (A6)
+        access_log=log if config.access_log else None,
+        shutdown_timeout=5.0,
+    )
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise SystemExit(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
+    for address in runner.addresses:
+        host, port = address[:2]
+        log.info("listening on http://%s:%d/restms/domain/default", host, port)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down")
+    await runner.cleanup()
+    log.info("stopped")
+
+
+def run(config: Config) -> None:
+    uvloop.run(serve(config))

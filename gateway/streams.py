@@ -1,0 +1,102 @@
+"""Continuous readers of a pipe: Server-Sent Events and the stream pipe type.
+
+Both are readers of the same pipe cursor as the asynclet (one queue model):
+
+* **SSE** (any pipe, ``Accept: text/event-stream`` on the pipe URI): every message
+  held in the pipe is sent as an event whose ``id`` is its position and whose data
+  is the message document in RestMS JSON, with its ``href``. Messages stay in the
+  pipe until the client DELETEs them (at-least-once). Reconnecting with
+  ``Last-Event-ID: n`` resumes with the first message after position ``n``: nothing
+  still held is skipped, nothing already sent is sent again.
+* **stream pipes** (our extension, P6): a GET on the asynclet answers
+  ``multipart/mixed`` over chunked transfer, one message document per part, and each
+  message is deleted once its part is written (parts cannot be acknowledged).
+
+Both end when the pipe is deleted, the client goes, or ``stream_max`` seconds pass.
+"""
+
+from __future__ import annotations
+
+import time
+
+from aiohttp import web
+
+import restms
+from feeds.model import Pipe, Slot
+from restms.names import new_hash
+
+from . import http, views
+from .keys import CONFIG, ENGINE
+
+
+def _last_event_id(request: web.Request) -> int:
+    value = request.headers.get("Last-Event-ID", "").strip()
+    return int(value) if value.isascii() and value.isdigit() else 0
+
+
+async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    engine = request.app[ENGINE]
+    base = http.base(request)
+    after = _last_event_id(request)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+        }
+    )
+    await response.prepare(request)
+    await response.write(b"retry: 2000\n\n")
+    deadline = time.monotonic() + config.stream_max
+    try:
+        while not pipe.deleted:
+            for message in list(engine.stream(pipe, after)):
+                data = restms.to_json(
+                    views.doc(views.message_element(base, pipe, message, href=True))
+                )
+                await response.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data))
+                after = message.seq
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            if not await pipe.changed(min(config.heartbeat, remaining)):
+                await response.write(b": keep-alive\n\n")
+        if pipe.deleted:
+            await response.write(b"event: deleted\ndata: the pipe was deleted\n\n")
+    except ConnectionResetError:
+        pass  # the client went away; its messages stay in the pipe
+    return response
+
+
+async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    engine = request.app[ENGINE]
+    base = http.base(request)
+    fmt = http.reply_format(request)
+    boundary = new_hash()
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": f"multipart/mixed; boundary={boundary}",
+            "Cache-Control": "no-cache",
+        }
+    )
+    response.enable_chunked_encoding()
+    await response.prepare(request)
+    head = f"--{boundary}\r\nContent-Type: {fmt.media_type}\r\n\r\n".encode()
+    deadline = time.monotonic() + config.stream_max
+    try:
+        while not pipe.deleted:
+            for message in list(engine.stream(pipe, 0)):
+                body = restms.encode(views.message(base, pipe, message), fmt)
+                await response.write(head + body + b"\r\n")
+                engine.ack(Slot(pipe, message.seq))
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            await pipe.changed(remaining)
+        await response.write(f"--{boundary}--\r\n".encode())
+        await response.write_eof()
+    except ConnectionResetError:
+        pass
+    return response

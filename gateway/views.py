@@ -1,0 +1,129 @@
+"""Engine objects as RestTL documents (digest §2.3): what each GET, PUT and POST shows.
+
+Top-level elements carry no ``href`` of their own; children always do (G4). URIs
+are absolute, built for the request's own host (U4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from feeds.engine import Engine
+from feeds.model import Blob, Domain, Feed, Join, Message, Pipe
+from restms.document import Document, Element
+from restms.specs import AMQP9_PROFILE, DEFAULTS_PROFILE, EXTENSION_PROFILE
+from restms.uris import Base
+
+
+def doc(*elements: Element) -> Document:
+    return Document(elements=elements)
+
+
+def feed_uri(base: Base, feed: Feed) -> str:
+    return base.feed(feed.key) if feed.public else base.resource(feed.key)
+
+
+def profiles(base: Base) -> list[Element]:
+    extension_href = base.root.removesuffix("/restms/") + "/profile/x-gateway"
+    return [
+        Element("profile", {"name": name, "href": href})
+        for name, href in (DEFAULTS_PROFILE, AMQP9_PROFILE, (EXTENSION_PROFILE, extension_href))
+    ]
+
+
+def domain(base: Base, d: Domain, engine: Engine) -> Document:
+    """G13, F1, F14: profiles and every public feed (the default feed in every domain)."""
+    feeds = dict(d.feeds)
+    feeds.setdefault(engine.default_feed.key, engine.default_feed)
+    children = profiles(base) + [_feed_attrs(base, f, href=True) for f in feeds.values()]
+    return doc(Element("domain", {"name": d.name, "title": d.title}, tuple(children)))
+
+
+def _feed_attrs(base: Base, feed: Feed, *, href: bool) -> Element:
+    attrs = {}
+    if feed.name is not None:
+        attrs["name"] = feed.name
+    attrs["type"] = feed.type
+    attrs["title"] = feed.title or ""
+    attrs["license"] = feed.license or ""
+    if href:
+        attrs["href"] = feed_uri(base, feed)
+    return Element("feed", attrs)
+
+
+def feed(base: Base, f: Feed) -> Document:
+    return doc(_feed_attrs(base, f, href=False))
+
+
+def _join_attrs(base: Base, join: Join, *, href: bool) -> dict[str, str]:
+    attrs = {"href": base.resource(join.key)} if href else {}
+    attrs["type"] = join.spec.type
+    attrs["address"] = join.spec.address
+    attrs["feed"] = feed_uri(base, join.feed)
+    return attrs
+
+
+def _headers(pairs: Iterable[tuple[str, str]]) -> tuple[Element, ...]:
+    return tuple(Element("header", {"name": n, "value": v}) for n, v in pairs)
+
+
+def join(base: Base, j: Join) -> Document:
+    return doc(Element("join", _join_attrs(base, j, href=False), _headers(j.spec.headers)))
+
+
+def message_uri(base: Base, pipe: Pipe, seq: int) -> str:
+    return base.resource(f"{pipe.key}.{seq}")
+
+
+def pipe(base: Base, p: Pipe, engine: Engine) -> Document:
+    """A1, A8: joins, listed messages, then the asynclet (unless the listing is capped)."""
+    children = [
+        Element("join", _join_attrs(base, j, href=True), _headers(j.spec.headers))
+        for j in p.joins.values()
+    ]
+    listed, asynclet = engine.listing(p)
+    for m in listed:
+        attrs = {"href": message_uri(base, p, m.seq), "address": m.spec.address}
+        message_id = m.spec.prop("message_id")
+        if message_id:
+            attrs["message_id"] = message_id
+        children.append(Element("message", attrs))
+    if asynclet is not None:
+        children.append(Element("message", {"href": message_uri(base, p, asynclet), "async": "1"}))
+    attrs = {"name": p.key, "type": p.type, "title": p.title or ""}
+    return doc(Element("pipe", attrs, tuple(children)))
+
+
+def message_element(base: Base, p: Pipe, m: Message, *, href: bool = False) -> Element:
+    """D1, D6, D7, D8: the message as posted, with a content URI per delivered copy."""
+    spec = m.spec
+    attrs = {"href": message_uri(base, p, m.seq)} if href else {}
+    attrs["address"] = spec.address
+    attrs.update(spec.props)
+    if m.feed_name is not None:
+        attrs["feed"] = base.feed(m.feed_name)
+    children = list(_headers(spec.headers))
+    for index, part in enumerate(m.parts):
+        if part is None:
+            continue
+        if isinstance(part, Blob):
+            children.append(
+                Element(
+                    "content",
+                    {"href": base.resource(f"{p.key}.{m.seq}.{index}"), "type": part.content_type},
+                )
+            )
+        else:
+            children.append(
+                Element("content", {"type": part.type, "encoding": part.encoding}, (), part.value)
+            )
+    return Element("message", attrs, tuple(children))
+
+
+def message(base: Base, p: Pipe, m: Message) -> Document:
+    return doc(message_element(base, p, m))
+
+
+def counts(values: list[int]) -> Document:
+    """F18, F20: one ``<message count>`` per posted message."""
+    return Document(elements=tuple(Element("message", {"count": str(n)}) for n in values))
