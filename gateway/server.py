@@ -23,6 +23,10 @@ async def serve(config: Config) -> None:
         access_log=log if config.access_log else None,
         shutdown_timeout=5.0,
     )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port, backlog=4096)
     try:
@@ -32,11 +36,8 @@ async def serve(config: Config) -> None:
         raise SystemExit(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
     for address in runner.addresses:
         host, port = address[:2]
-        log.info("listening on http://%s:%d/restms/domain/default", host, port)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        shown = f"[{host}]" if ":" in host else host
+        log.info("listening on http://%s:%d/restms/domain/default", shown, port)
     await stop.wait()
     log.info("shutting down")
     await runner.cleanup()

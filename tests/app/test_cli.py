@@ -1,0 +1,100 @@
+"""The gateway as a user runs it: ``python main.py serve`` in its own process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def _start(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "main.py"),
+        "serve",
+        *args,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def _listening_port(proc: asyncio.subprocess.Process) -> int:
+    assert proc.stderr is not None
+    async with asyncio.timeout(20):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            assert line, "the gateway exited before it listened"
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
+            if found:
+                return int(found.group(1))
+
+
+async def test_serve_answers_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    proc = await _start("--port", "0", "--data-dir", str(data))
+    try:
+        port = await _listening_port(proc)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/restms/domain/default") as r,
+        ):
+            assert r.status == 200
+            assert f"http://127.0.0.1:{port}/restms/feed/default" in await r.text()
+        assert data.is_dir()  # the data directory is created on start
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_sigint_also_stops_cleanly(tmp_path: Path) -> None:
+    proc = await _start("--port", "0", "--data-dir", str(tmp_path))
+    try:
+        await _listening_port(proc)
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(15):
+            assert await proc.wait() == 0
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_non_loopback_bind_is_refused_without_insecure(tmp_path: Path) -> None:
+    proc = await _start("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
+    async with asyncio.timeout(20):
+        _, err = await proc.communicate()
+    assert proc.returncode == 2
+    assert b"--insecure" in err
+
+
+async def test_flags_beat_environment(tmp_path: Path) -> None:
+    proc = await _start(
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path),
+        env={"RESTMS_PORT": "1", "RESTMS_LEGACY_DEFAULT_FEED_TYPE": "direct"},
+    )
+    try:
+        port = await _listening_port(proc)  # port 1 would have failed: the flag won
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"http://127.0.0.1:{port}/restms/feed/default") as r,
+        ):
+            assert 'type="direct"' in await r.text()  # the env var still applied
+    finally:
+        proc.terminate()
+        await proc.wait()

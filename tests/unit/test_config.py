@@ -1,0 +1,96 @@
+"""Configuration layering: defaults < TOML file < RESTMS_* environment < command line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.config import Config, ConfigError, is_loopback, load
+
+
+def test_defaults_listen_on_loopback_8080_with_var_data_dir() -> None:
+    config = load(env={})
+    assert (config.host, config.port, config.data_dir) == ("127.0.0.1", 8080, "./var")
+
+
+def test_file_then_env_then_flags_override_in_order(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        'port = 9001\nmax_wait = 12.5\ndata_dir = "/tmp/a"\n[gateway]\nmax_body = 100\n'
+    )
+    config = load(
+        str(path),
+        env={"RESTMS_PORT": "9002", "RESTMS_MAX_BODY": "200"},
+        overrides={"port": 9003, "data_dir": None},
+    )
+    assert config.port == 9003  # flag beats env beats file
+    assert config.max_body == 200  # env beats file
+    assert config.max_wait == 12.5  # file beats default
+    assert config.data_dir == "/tmp/a"  # a flag left unset does not override
+
+
+def test_domains_and_configured_feeds_come_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(
+        '[[domains]]\nname = "default"\n[[domains]]\nname = "eu"\ntitle = "Europe"\n'
+        '[[feeds]]\nname = "alerts"\ntype = "topic"\ndomain = "eu"\n'
+    )
+    config = load(str(path), env={})
+    assert config.domains == (("default", "default"), ("eu", "Europe"))
+    assert config.feeds[0].name == "alerts"
+    assert config.engine().feeds[0].type == "topic"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("prot = 1\n", "unknown key 'prot'"),
+        ('port = "x"\n', "port must be a int"),
+        ("port = 70000\n", "out of range"),
+        ("expired_wait_status = 404\n", "500 or 503"),
+        ("max_body = 0\n", "max_body must be positive"),
+        ("[[feeds]]\nbogus = 1\n", "bad [[feeds]] entry"),
+        ("port = \n", "not valid TOML"),
+    ],
+)
+def test_bad_config_files_say_what_is_wrong(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "gw.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        load(str(path), env={})
+
+
+def test_env_values_are_type_checked() -> None:
+    with pytest.raises(ConfigError, match="RESTMS_INSECURE"):
+        load(env={"RESTMS_INSECURE": "maybe"})
+    assert load(env={"RESTMS_INSECURE": "yes", "RESTMS_HOST": "0.0.0.0"}).insecure
+
+
+def test_non_loopback_bind_needs_insecure() -> None:
+    with pytest.raises(ConfigError, match="--insecure"):
+        Config(host="0.0.0.0")
+    assert Config(host="0.0.0.0", insecure=True).host == "0.0.0.0"
+    assert Config(host="::1").host == "::1"
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.1", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.0.0.1", False),
+        ("example.org", False),
+    ],
+)
+def test_is_loopback(host: str, expected: bool) -> None:
+    assert is_loopback(host) is expected
+
+
+def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read config file"):
+        load(str(tmp_path / "nope.toml"), env={})
