@@ -52,6 +52,7 @@ from .model import (
     Resource,
     Slot,
     StagedContent,
+    Watchable,
 )
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
 
@@ -173,6 +174,7 @@ class Engine:
 
     def update_feed(self, feed: Feed, update: Update) -> Feed:
         """R2, R3: title and license change; name and type may only be repeated."""
+        _alive(feed)
         if feed.configured:
             raise Forbidden("configured feeds cannot be changed")
         if update.name and update.name != (feed.name or ""):
@@ -222,6 +224,7 @@ class Engine:
 
     def update_pipe(self, pipe: Pipe, update: Update) -> Pipe:
         """L8: a PUT on a pipe may change its title, nothing else."""
+        _alive(pipe)
         if update.type is not None and update.type not in ("", pipe.type, "fifo"):
             raise Forbidden("a pipe's type cannot be changed")
         pipe.title = update.title or None
@@ -253,6 +256,7 @@ class Engine:
     # ------------------------------------------------------------ joins
     def create_join(self, pipe: Pipe, spec: JoinSpec) -> tuple[Join, bool]:
         """F10, F16, P4: a new join, or the identical one that exists (created False)."""
+        _alive(pipe)
         feed = self.feed_at(spec.feed_path)
         if feed is self.default_feed:
             default = next((j for j in pipe.joins.values() if j.is_default), None)
@@ -312,8 +316,7 @@ class Engine:
     # ------------------------------------------------------------ contents
     def stage(self, feed: Feed, data: bytes, content_type: str, owner: str) -> StagedContent:
         """M1: keep an opaque body until a message references it, or its TTL ends (M4)."""
-        if feed.deleted:
-            raise NotFound("the feed was deleted")
+        _alive(feed)
         if self._staged_bytes + len(data) > self.config.max_staged_bytes:
             raise ServiceUnavailable("too many staged contents are waiting; retry later", 5)
         key = names.new_hash()
@@ -357,8 +360,7 @@ class Engine:
     # ------------------------------------------------------------ publish
     def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
         """Route messages in order; returns the join count for each (F18, F20)."""
-        if feed.deleted:
-            raise NotFound("the feed was deleted")
+        _alive(feed)
         parts = self._claim_contents(feed, messages)
         if feed.type in QUEUEING_TYPES:
             room = self.config.max_feed_queue - len(feed.queue)
@@ -593,6 +595,12 @@ class Engine:
         for seq, message in pipe.messages.items():
             if seq > after:
                 yield message
+
+
+def _alive(resource: Watchable) -> None:
+    """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
+    if resource.deleted:
+        raise NotFound("the resource was deleted")
 
 
 __all__ = ["DEFAULT_DOMAIN", "DEFAULT_FEED", "Counters", "Engine", "EngineConfig", "FeedConfig"]

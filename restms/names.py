@@ -26,6 +26,8 @@ def check_name(name: str, what: str) -> str:
     """Return ``name`` if it may name a public resource, else raise 400."""
     if len(name) > MAX_NAME:
         raise BadRequest(f"{what} name longer than {MAX_NAME} characters")
+    if name in (".", ".."):
+        raise BadRequest(f"{what} name {name!r} is reserved")
     if _BAD_NAME.search(name):
         raise BadRequest(f"{what} name {name!r} may not contain '/', '@', spaces or controls")
     return name
