@@ -76,6 +76,8 @@ def _object(
                 kids.append(_element(key, item, depth, max_depth, budget))
         elif isinstance(value, dict):  # a lone element where an array was expected
             kids.append(_element(key, value, depth, max_depth, budget))
+        elif key == "xmlns" or key.startswith("xmlns:"):
+            continue  # namespace declarations are not properties (G3); never echo them
         else:
             s = _string(value, f'property "{key}" of <{tag}>')
             if s is not None:

@@ -8,6 +8,7 @@ POSTed to a feed is an opaque content to stage (M1).
 from __future__ import annotations
 
 import enum
+import re
 from functools import lru_cache
 
 from .errors import NotAcceptable
@@ -65,9 +66,12 @@ def looks_structured(body: bytes) -> Format | None:
     head = body[:256].lstrip()
     if head.startswith((b"<?xml", b"<restms")):
         return Format.XML
-    if head.startswith(b"{") and b'"restms"' in body[:4096]:
+    if _JSON_DOC.match(head):
         return Format.JSON
     return None
+
+
+_JSON_DOC = re.compile(rb'\{\s*"restms"\s*:')
 
 
 @lru_cache(maxsize=512)

@@ -290,5 +290,6 @@ def _digits(name: str, low: int, high: int | None) -> Callable[[str], None]:
 _PROPERTY_CHECKS = {
     "priority": _digits("priority", 0, 9),
     "delivery_mode": _digits("delivery_mode", 1, 2),
-    "expiration": _digits("expiration (milliseconds)", 0, None),
+    # AMQP 1.0 carries a TTL as a uint32 of milliseconds.
+    "expiration": _digits("expiration (milliseconds)", 0, 2**32 - 1),
 }

@@ -7,7 +7,16 @@ import json
 import orjson
 import pytest
 
-from restms import BadRequest, CodecLimits, Document, Element, parse_json, parse_xml, to_json
+from restms import (
+    BadRequest,
+    CodecLimits,
+    Document,
+    Element,
+    parse_json,
+    parse_xml,
+    to_json,
+    to_xml,
+)
 
 WORKED_XML = b"""<?xml version="1.0"?>
 <restms xmlns="http://www.restms.org/schema/restms">
@@ -330,3 +339,10 @@ def test_element_count_limit_applies_to_json() -> None:
         parse_json(doc({"restms": {"feed": [{}] * 4}}), limits)
     with pytest.raises(BadRequest, match="too many"):
         parse_json(doc({"restms": {"message": [{"header": [{}] * 3}]}}), limits)
+
+
+def test_G3_xmlns_properties_in_json_are_dropped_not_echoed() -> None:
+    document = parse_json(b'{"restms":{"feed":[{"xmlns":"urn:x","xmlns:a":"urn:y","name":"f"}]}}')
+    (feed,) = document.elements
+    assert dict(feed.attrs) == {"name": "f"}
+    assert b"urn:x" not in to_xml(document)
