@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from restms.errors import BadRequest
+from restms.specs import FeedSpec
+
 DEFAULT_FEED = "default"
 DEFAULT_DOMAIN = "default"
 
@@ -17,6 +20,12 @@ class FeedConfig:
     title: str | None = None
     license: str | None = None
     domain: str = DEFAULT_DOMAIN
+
+    def __post_init__(self) -> None:
+        try:
+            FeedSpec(name=self.name, type=self.type, title=self.title, license=self.license)
+        except BadRequest as exc:
+            raise ValueError(f"configured feed {self.name!r}: {exc.reason}") from exc
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -34,7 +43,19 @@ class EngineConfig:
         if not self.domains:
             raise ValueError("at least one domain is needed")
         if min(self.max_pipe_messages, self.max_feed_queue, self.listing_cap) < 1:
-            raise ValueError("engine limits must be positive")
+            raise ValueError("max_pipe_messages, max_feed_queue and listing_cap must be positive")
+        if self.staged_ttl <= 0 or self.max_staged_bytes < 0:
+            raise ValueError("staged_ttl must be positive and max_staged_bytes not negative")
+        names = [name for name, _ in self.domains]
+        if len(set(names)) != len(names):
+            raise ValueError("a domain is declared twice")
+        seen = {DEFAULT_FEED}
+        for feed in self.feeds:
+            if feed.name in seen:
+                raise ValueError(f"feed {feed.name!r} is configured twice (or is the default feed)")
+            if feed.domain not in names:
+                raise ValueError(f"feed {feed.name!r} names unknown domain {feed.domain!r}")
+            seen.add(feed.name)
 
 
 @dataclass(slots=True)
@@ -48,4 +69,5 @@ class Counters:
     staged_expired: int = 0
     requeued: int = 0
     discarded: int = 0
+    expired: int = 0
     by_type: dict[str, int] = field(default_factory=dict)

@@ -310,7 +310,13 @@ class Engine:
         self._private.pop(join.key, None)
         pipe.touch(now)
         join.wake()
-        if cascade and feed.type == "service" and not feed.joins and not feed.deleted:
+        if (
+            cascade
+            and feed.type == "service"
+            and not feed.joins
+            and not feed.deleted
+            and not feed.configured
+        ):
             self._drop_feed(feed)
 
     # ------------------------------------------------------------ contents
@@ -361,15 +367,16 @@ class Engine:
     def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
         """Route messages in order; returns the join count for each (F18, F20)."""
         _alive(feed)
-        parts = self._claim_contents(feed, messages)
         if feed.type in QUEUEING_TYPES:
-            room = self.config.max_feed_queue - len(feed.queue)
-            if len(messages) > room and self._eligible(feed) is None:
+            would_queue = len(messages) - self._capacity(feed)
+            if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
                 raise ServiceUnavailable(
-                    f"feed {feed.name or 'private'} has {len(feed.queue)} messages queued "
-                    "and no pipe to take them; retry later",
+                    f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
+                    f"{self.config.max_feed_queue} messages queued and no pipe to take "
+                    f"{would_queue} more; retry later",
                     1,
                 )
+        parts = self._claim_contents(feed, messages)
         now = self._wall()
         counts = [
             self._route(feed, spec, part, now) for spec, part in zip(messages, parts, strict=True)
@@ -421,17 +428,19 @@ class Engine:
         if not joins:
             return 0
         count = 0
+        # A pipe gets one copy however many of its joins match; each matching join counts.
         took: set[Pipe] | None = None if len(joins) == 1 else set()
         limit = self.config.max_pipe_messages
         for join in joins:
             pipe = join.pipe
+            if took is not None and pipe in took:
+                count += 1
+                continue
             if len(pipe.messages) >= limit:
                 self.counters.skipped_full += 1
                 continue
             count += 1
             if took is not None:
-                if pipe in took:
-                    continue
                 took.add(pipe)
             self._deliver(pipe, spec, parts, feed, now)
         return count
@@ -457,6 +466,17 @@ class Engine:
             j for j in feed.joins.values() if j.match is None or j.match(spec.address, header_map)
         ]
 
+    def _capacity(self, feed: Feed) -> int:
+        """How many messages the pipes joined to a rotator/service feed can take now."""
+        limit = self.config.max_pipe_messages
+        room = 0
+        for pipe in {join.pipe for join in feed.joins.values()}:
+            if pipe.type == "ondemand":
+                room += 1 if pipe.demand > 0 and not pipe.messages else 0
+            else:
+                room += max(0, limit - len(pipe.messages))
+        return room
+
     def _eligible(self, feed: Feed) -> Join | None:
         """Rotator/service: the next join in round-robin order whose pipe can take one."""
         joins = list(feed.joins.values())
@@ -481,7 +501,12 @@ class Engine:
         seq = pipe.next_seq
         pipe.next_seq = seq + 1
         source = feed if feed.type in QUEUEING_TYPES else None
-        pipe.messages[seq] = Message(seq, spec, list(parts), feed.name, source, now)
+        message = Message(seq, spec, list(parts), feed.name, source, now)
+        ttl = spec.prop("expiration")
+        if ttl is not None:
+            message.expires = self._mono() + int(ttl) / 1000
+            pipe.expiring += 1
+        pipe.messages[seq] = message
         self.counters.routed += 1
         pipe.touch(now)
 
@@ -498,6 +523,7 @@ class Engine:
     # ------------------------------------------------------------ delivery
     def listing(self, pipe: Pipe) -> tuple[list[Message], int | None]:
         """A8: the oldest messages (capped) and the asynclet position, or None when capped."""
+        self._expire(pipe)
         cap = self.config.listing_cap
         if len(pipe.messages) <= cap:
             return list(pipe.messages.values()), pipe.next_seq
@@ -509,7 +535,25 @@ class Engine:
         return out, None
 
     def message(self, slot: Slot) -> Message | None:
-        return None if slot.pipe.deleted else slot.pipe.messages.get(slot.seq)
+        if slot.pipe.deleted:
+            return None
+        self._expire(slot.pipe)
+        return slot.pipe.messages.get(slot.seq)
+
+    def _expire(self, pipe: Pipe) -> None:
+        """Q30: drop messages whose ``expiration`` has passed, unread (counted)."""
+        if not pipe.expiring:
+            return
+        now = self._mono()
+        expired = [
+            seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
+        ]
+        for seq in expired:
+            del pipe.messages[seq]
+        pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
+        if expired:
+            self.counters.expired += len(expired)
+            pipe.touch(self._wall())
 
     def pending(self, slot: Slot) -> bool:
         """True when the slot is the asynclet: the next position of a live pipe (A3, A5)."""
@@ -526,6 +570,7 @@ class Engine:
         while True:
             if pipe.deleted:
                 raise NotFound("the pipe was deleted")
+            self._expire(pipe)
             message = pipe.messages.get(seq)
             if message is not None:
                 return message
@@ -592,6 +637,7 @@ class Engine:
 
     def stream(self, pipe: Pipe, after: int) -> Iterator[Message]:
         """Messages held in the pipe at positions after ``after``, oldest first."""
+        self._expire(pipe)
         for seq, message in pipe.messages.items():
             if seq > after:
                 yield message

@@ -41,8 +41,14 @@ class Watchable:
                 if not future.done():
                     future.set_result(None)
 
-    async def changed(self, timeout: float) -> bool:
-        """Wait until the next touch (True) or until ``timeout`` seconds pass (False)."""
+    async def changed(self, timeout: float, since: int | None = None) -> bool:
+        """Wait until the next touch (True) or until ``timeout`` seconds pass (False).
+
+        With ``since`` (a version the caller has seen), a change that happened after it
+        returns at once: readers that await other things between looks lose no wake-up.
+        """
+        if since is not None and since != self.version:
+            return True
         if timeout <= 0:
             return False
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -92,7 +98,7 @@ class StagedContent(Watchable):
 class Message:
     """A message held in a pipe at one position (A3)."""
 
-    __slots__ = ("arrived", "feed_name", "parts", "seq", "source", "spec")
+    __slots__ = ("arrived", "expires", "feed_name", "parts", "seq", "source", "spec")
 
     def __init__(
         self,
@@ -109,6 +115,7 @@ class Message:
         self.feed_name = feed_name  # D8: kept for older clients
         self.source = source  # the queueing feed it came from, to requeue (Q1)
         self.arrived = arrived
+        self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
 
     @property
     def version(self) -> int:
@@ -188,6 +195,7 @@ class Pipe(Watchable):
     __slots__ = (
         "demand",
         "domain",
+        "expiring",
         "joins",
         "key",
         "messages",
@@ -210,6 +218,7 @@ class Pipe(Watchable):
         self.messages: dict[int, Message] = {}  # in position order
         self.next_seq = 1  # the asynclet's position (A3)
         self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
+        self.expiring = 0  # messages with an expiration deadline (Q30)
 
     def oldest(self) -> int | None:
         return next(iter(self.messages), None)

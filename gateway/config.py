@@ -67,6 +67,24 @@ class Config:
         for key in ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+            raise ConfigError(f"log_level {self.log_level!r} is not a logging level")
+        counts = (
+            "max_messages_per_request",
+            "max_headers_per_message",
+            "max_contents_per_message",
+            "max_elements",
+        )
+        for key in counts:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1")
+        if DEFAULT_DOMAIN not in (name for name, _ in self.domains):
+            raise ConfigError(f"[[domains]] must include the {DEFAULT_DOMAIN!r} domain (U3)")
+        try:
+            self.engine()
+            self.codec_limits()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
         if not self.insecure and not is_loopback(self.host):
             raise ConfigError(
                 f"refusing to listen on {self.host}: until OAuth is configured every request "
@@ -174,6 +192,6 @@ def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     if feeds is not None:
         try:
             values["feeds"] = tuple(FeedConfig(**f) for f in feeds)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: bad [[feeds]] entry: {exc}") from exc
     return values

@@ -24,7 +24,7 @@ from restms.errors import (
     UnsupportedMediaType,
 )
 from restms.httpdates import etag, etag_list, http_date, parse_http_date
-from restms.media import Format, body_format, negotiate
+from restms.media import Format, bare_type, body_format, looks_structured, negotiate
 from restms.uris import Base
 
 from .keys import CONFIG, PRINCIPAL
@@ -61,9 +61,16 @@ async def read_body(request: web.Request) -> bytes:
         raise PayloadTooLarge(f"request body is over the {limit}-byte limit") from exc
 
 
-def request_format(request: web.Request) -> Format:
-    """The structured format of the body, from ``Content-Type`` (G10); 415 otherwise."""
-    fmt = body_format(request.headers.get("Content-Type"))
+def request_format(request: web.Request, body: bytes) -> Format:
+    """The structured format of a PUT or POST body (G8, G10).
+
+    No (or an empty) ``Content-Type`` means XML, as the draft says, unless the body
+    is plainly a RestMS JSON document; a type we do not parse gives 415.
+    """
+    content_type = request.headers.get("Content-Type")
+    if not bare_type(content_type):
+        return looks_structured(body) or Format.XML
+    fmt = body_format(content_type)
     if fmt is None:
         raise UnsupportedMediaType(
             "send application/restms+xml, application/restms+json or text/xml, "
@@ -77,8 +84,8 @@ def decode(request: web.Request, body: bytes, fmt: Format) -> Document:
 
 
 async def read_document(request: web.Request) -> tuple[Document, Format]:
-    fmt = request_format(request)
     body = await read_body(request)
+    fmt = request_format(request, body)
     return decode(request, body, fmt), fmt
 
 
@@ -160,8 +167,8 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
     """H9-H11: hold a GET until When-None-Match / When-Modified-After both hold."""
     wnm = request.headers.get("When-None-Match")
     wma = request.headers.get("When-Modified-After")
-    if wnm is None and wma is None:
-        return
+    if (wnm is None and wma is None) or request.method == "HEAD":
+        return  # HEAD never waits (U11)
     tags = etag_list(wnm) if wnm is not None else []
     after = parse_http_date(wma) if wma is not None else None
     if wma is not None and after is None:

@@ -37,10 +37,10 @@ async def get_domain(request: web.Request, domain: Domain) -> web.StreamResponse
 async def post_domain(request: web.Request, domain: Domain) -> web.StreamResponse:
     """C1-C10: create a feed (201, or 200 for an existing public one) or a pipe (201)."""
     document, body_fmt = await http.read_document(request)
+    fmt = http.reply_format(request, body_fmt)  # 406 before anything changes
     spec = specs.creation(document, slug=request.headers.get("Slug"))
     engine = request.app[ENGINE]
     base = http.base(request)
-    fmt = http.reply_format(request, body_fmt)
     if isinstance(spec, specs.PipeSpec):
         pipe = engine.create_pipe(domain, spec, http.principal(request))
         return http.document(
@@ -74,19 +74,14 @@ async def put_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     """R2, R3, F17: title and license; 204 for an empty body."""
     if feed.configured:
         raise Forbidden("configured feeds cannot be changed")
-    http.check_preconditions(request, f"f:{feed.key}", feed)
-    body = await http.read_body(request)
-    if not body:
-        return web.Response(status=204)
-    body_fmt = http.request_format(request)
-    update = specs.update(http.decode(request, body, body_fmt), "feed")
-    request.app[ENGINE].update_feed(feed, update)
-    return http.document(
+    engine = request.app[ENGINE]
+    return await _put(
         request,
-        views.feed(http.base(request), feed),
-        http.reply_format(request, body_fmt),
-        key=f"f:{feed.key}",
-        resource=feed,
+        f"f:{feed.key}",
+        feed,
+        "feed",
+        lambda update: engine.update_feed(feed, update),
+        lambda: views.feed(http.base(request), feed),
     )
 
 
@@ -112,10 +107,10 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
         return web.Response(
             status=201, headers={"Location": http.base(request).resource(staged.key)}
         )
+    fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
     config = request.app[CONFIG]
     messages = specs.messages(http.decode(request, body, body_fmt), config.message_limits())
     counts = engine.publish(feed, messages)
-    fmt = http.reply_format(request, body_fmt)
     return http.document(request, views.counts(counts), fmt, key="", resource=None)
 
 
@@ -135,21 +130,37 @@ async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
 
 async def put_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     """L8, Q15: a PUT on a pipe changes its title only."""
-    http.check_preconditions(request, f"p:{pipe.key}", pipe)
+    engine = request.app[ENGINE]
+    return await _put(
+        request,
+        f"p:{pipe.key}",
+        pipe,
+        "pipe",
+        lambda update: engine.update_pipe(pipe, update),
+        lambda: views.pipe(http.base(request), pipe, engine),
+        no_cache=True,
+    )
+
+
+async def _put(
+    request: web.Request,
+    key: str,
+    resource: Any,
+    tag: str,
+    apply: Callable[[specs.Update], object],
+    render: Callable[[], Any],
+    *,
+    no_cache: bool = False,
+) -> web.StreamResponse:
+    """R2, H5: 412 on a stale copy, 204 for an empty body, else update and show."""
+    http.check_preconditions(request, key, resource)
     body = await http.read_body(request)
     if not body:
         return web.Response(status=204)
-    body_fmt = http.request_format(request)
-    engine = request.app[ENGINE]
-    engine.update_pipe(pipe, specs.update(http.decode(request, body, body_fmt), "pipe"))
-    return http.document(
-        request,
-        views.pipe(http.base(request), pipe, engine),
-        http.reply_format(request, body_fmt),
-        key=f"p:{pipe.key}",
-        resource=pipe,
-        no_cache=True,
-    )
+    body_fmt = http.request_format(request, body)
+    fmt = http.reply_format(request, body_fmt)  # 406 before anything changes
+    apply(specs.update(http.decode(request, body, body_fmt), tag))
+    return http.document(request, render(), fmt, key=key, resource=resource, no_cache=no_cache)
 
 
 async def delete_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
@@ -161,12 +172,13 @@ async def delete_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
 async def post_join(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     """F10, F16, P4, G14: join the pipe to a feed (201, or 200 for an identical join)."""
     document, body_fmt = await http.read_document(request)
+    fmt = http.reply_format(request, body_fmt)  # 406 before the join exists
     join, created = request.app[ENGINE].create_join(pipe, specs.join(document))
     base = http.base(request)
     return http.document(
         request,
         views.join(base, join),
-        http.reply_format(request, body_fmt),
+        fmt,
         key=f"j:{join.key}",
         resource=join,
         status=201 if created else 200,
@@ -217,8 +229,12 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
 
 
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
-    """D4, A7, D5: acknowledge this message and every older one."""
-    request.app[ENGINE].ack(slot)
+    """D4, A7, D5, H5: acknowledge this message and every older one."""
+    engine = request.app[ENGINE]
+    message = engine.message(slot)
+    if message is not None:
+        http.check_preconditions(request, f"m:{slot.pipe.key}.{slot.seq}", message)
+    engine.ack(slot)
     return web.Response(status=200)
 
 
@@ -325,8 +341,23 @@ async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
     if entry is None:
         raise MethodNotAllowed(f"{request.method} is not defined on a {kind}", allowed(kind))
     if isinstance(entry, str):
+        if not _exists(request, target):
+            raise NotFound("no such resource")  # U12: absent positions are 404, not 403
         raise Forbidden(entry)
     return await entry(request, target)
+
+
+def _exists(request: web.Request, target: Any) -> bool:
+    """Message positions and contents resolve by shape; say whether one is really there."""
+    engine = request.app[ENGINE]
+    if isinstance(target, Slot):
+        return engine.message(target) is not None or engine.pending(target)
+    if isinstance(target, PartRef):
+        try:
+            engine.part(target)
+        except NotFound:
+            return False
+    return True
 
 
 def _lookup(request: web.Request) -> Any:

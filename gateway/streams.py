@@ -23,6 +23,8 @@ from aiohttp import web
 
 import restms
 from feeds.model import Pipe, Slot
+from restms.errors import NotAcceptable
+from restms.media import Format
 from restms.names import new_hash
 
 from . import http, views
@@ -51,6 +53,7 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     deadline = time.monotonic() + config.stream_max
     try:
         while not pipe.deleted:
+            seen = pipe.version
             for message in list(engine.stream(pipe, after)):
                 data = restms.to_json(
                     views.doc(views.message_element(base, pipe, message, href=True))
@@ -60,7 +63,7 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            if not await pipe.changed(min(config.heartbeat, remaining)):
+            if not await pipe.changed(min(config.heartbeat, remaining), seen):
                 await response.write(b": keep-alive\n\n")
         if pipe.deleted:
             await response.write(b"event: deleted\ndata: the pipe was deleted\n\n")
@@ -69,11 +72,26 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     return response
 
 
+def _part_format(request: web.Request) -> Format:
+    """Parts follow Accept; ``multipart/*`` (asked of the whole reply) means XML parts."""
+    try:
+        return http.reply_format(request)
+    except NotAcceptable:
+        if "multipart/" in request.headers.get("Accept", ""):
+            return Format.XML
+        raise
+
+
 async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    """P6: one message document per part; each message is deleted once written.
+
+    Each part is followed at once by the next delimiter, so a reader can finish a
+    part without waiting for the next message.
+    """
     config = request.app[CONFIG]
     engine = request.app[ENGINE]
     base = http.base(request)
-    fmt = http.reply_format(request)
+    fmt = _part_format(request)
     boundary = new_hash()
     response = web.StreamResponse(
         headers={
@@ -83,19 +101,22 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     )
     response.enable_chunked_encoding()
     await response.prepare(request)
-    head = f"--{boundary}\r\nContent-Type: {fmt.media_type}\r\n\r\n".encode()
+    head = f"\r\nContent-Type: {fmt.media_type}\r\n\r\n".encode()
+    delimiter = f"\r\n--{boundary}".encode()
+    await response.write(delimiter[2:])
     deadline = time.monotonic() + config.stream_max
     try:
         while not pipe.deleted:
             for message in list(engine.stream(pipe, 0)):
-                body = restms.encode(views.message(base, pipe, message), fmt)
-                await response.write(head + body + b"\r\n")
+                body = restms.encode(views.message(base, pipe, message, embed=True), fmt)
+                await response.write(head + body + delimiter)
                 engine.ack(Slot(pipe, message.seq))
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
-            await pipe.changed(remaining)
-        await response.write(f"--{boundary}--\r\n".encode())
+            if not pipe.messages:  # what arrived during a write is sent before waiting
+                await pipe.changed(remaining)
+        await response.write(b"--\r\n")
         await response.write_eof()
     except ConnectionResetError:
         pass

@@ -6,11 +6,12 @@ are absolute, built for the request's own host (U4).
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Iterable
 
 from feeds.engine import Engine
 from feeds.model import Blob, Domain, Feed, Join, Message, Pipe
-from restms.document import Document, Element
+from restms.document import NOT_XML, Document, Element
 from restms.specs import AMQP9_PROFILE, DEFAULTS_PROFILE, EXTENSION_PROFILE
 from restms.uris import Base
 
@@ -94,8 +95,14 @@ def pipe(base: Base, p: Pipe, engine: Engine) -> Document:
     return doc(Element("pipe", attrs, tuple(children)))
 
 
-def message_element(base: Base, p: Pipe, m: Message, *, href: bool = False) -> Element:
-    """D1, D6, D7, D8: the message as posted, with a content URI per delivered copy."""
+def message_element(
+    base: Base, p: Pipe, m: Message, *, href: bool = False, embed: bool = False
+) -> Element:
+    """D1, D6, D7, D8: the message as posted, with a content URI per delivered copy.
+
+    With ``embed``, staged contents are embedded instead of linked (D3): readers that
+    cannot come back for a link (stream pipes) get the bytes in the document.
+    """
     spec = m.spec
     attrs = {"href": message_uri(base, p, m.seq)} if href else {}
     attrs["address"] = spec.address
@@ -106,7 +113,9 @@ def message_element(base: Base, p: Pipe, m: Message, *, href: bool = False) -> E
     for index, part in enumerate(m.parts):
         if part is None:
             continue
-        if isinstance(part, Blob):
+        if isinstance(part, Blob) and embed:
+            children.append(_embedded(part))
+        elif isinstance(part, Blob):
             children.append(
                 Element(
                     "content",
@@ -120,8 +129,24 @@ def message_element(base: Base, p: Pipe, m: Message, *, href: bool = False) -> E
     return Element("message", attrs, tuple(children))
 
 
-def message(base: Base, p: Pipe, m: Message) -> Document:
-    return doc(message_element(base, p, m))
+def _embedded(blob: Blob) -> Element:
+    """D3: plain text stays plain; anything else travels as base64."""
+    if blob.content_type.lower().startswith("text/"):
+        try:
+            text = blob.data.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            if not NOT_XML.search(text):
+                return Element(
+                    "content", {"type": blob.content_type, "encoding": "plain"}, (), text
+                )
+    value = base64.b64encode(blob.data).decode("ascii")
+    return Element("content", {"type": blob.content_type, "encoding": "base64"}, (), value)
+
+
+def message(base: Base, p: Pipe, m: Message, *, embed: bool = False) -> Document:
+    return doc(message_element(base, p, m, embed=embed))
 
 
 def counts(values: list[int]) -> Document:

@@ -9,6 +9,7 @@ reads typed resource specs out of them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
@@ -16,6 +17,8 @@ NAMESPACE = "http://www.restms.org/schema/restms"
 ROOT = "restms"
 # Only these element types carry meaningful text (G7, J5).
 TEXT_ELEMENTS = frozenset({"content"})
+# Characters XML 1.0 cannot carry (C0 controls but tab, LF, CR; surrogates; U+FFFE/F).
+NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,14 +16,13 @@ from typing import Any
 
 import orjson
 
+from .document import NOT_XML as _NOT_XML
 from .document import ROOT, TEXT_ELEMENTS, Document, Element, grouped
 from .errors import BadRequest
 from .xmlcodec import DEFAULT_LIMITS, CodecLimits
 
 TEXT_KEY = "value"
 _TEXT_KEYS = (TEXT_KEY, "#text")
-# Characters XML 1.0 cannot carry (C0 controls except tab, LF, CR; surrogates; U+FFFE/F).
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def parse_json(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:

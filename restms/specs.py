@@ -267,7 +267,7 @@ def _content(element: Element) -> Content:
         value = "".join(value.split())  # M6, L19: line breaks and indentation
         try:
             binascii.a2b_base64(value, strict_mode=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or non-ASCII text
             raise BadRequest(f"invalid base64 content: {exc}") from exc
     return EmbeddedContent(
         type=element.get("type") or DEFAULT_CONTENT_TYPE, encoding=encoding, value=value

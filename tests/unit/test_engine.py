@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from feeds.engine import Engine, EngineConfig
-from feeds.model import Blob, Feed, Join, Pipe, Slot, StagedContent
+from feeds.model import Blob, Feed, Join, PartRef, Pipe, Slot, StagedContent
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
 from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec
 
@@ -60,6 +60,13 @@ def ids(pipe: Pipe) -> list[str | None]:
 
 def jobs(*numbers: int) -> list[MessageSpec]:
     return [msg(f"J{n}") for n in numbers]
+
+
+def part(e: Engine, key: str) -> PartRef:
+    """The delivered content ``/restms/resource/{key}`` names."""
+    found = e.resolve(key)
+    assert isinstance(found, PartRef)
+    return found
 
 
 def staged_ref(staged: StagedContent) -> LinkedContent:
@@ -194,7 +201,9 @@ def test_F15_F16_default_join_and_default_feed_rules() -> None:
     assert default.is_default
     assert default.feed is e.default_feed
     assert default.spec.address == pipe.key
-    same, created = e.create_join(pipe, JoinSpec(feed_path="/restms/feed/default", address=pipe.key))
+    same, created = e.create_join(
+        pipe, JoinSpec(feed_path="/restms/feed/default", address=pipe.key)
+    )
     assert (same, created) == (default, False)
     with pytest.raises(Forbidden):
         e.create_join(pipe, JoinSpec(feed_path="/restms/feed/default", address="other"))
@@ -679,14 +688,14 @@ def test_D6_deleting_one_delivered_content_leaves_other_copies() -> None:
     staged = e.stage(feed, b"shared", "text/plain", OWNER)
     embedded = EmbeddedContent(value="inline")
     e.publish(feed, [msg("1", contents=(staged_ref(staged), embedded))])
-    ref_a = e.resolve(f"{a.key}.1.0")
-    e.delete_part(ref_a)  # type: ignore[arg-type]
+    ref_a = part(e, f"{a.key}.1.0")
+    e.delete_part(ref_a)
     with pytest.raises(NotFound):
-        e.part(ref_a)  # type: ignore[arg-type]
-    assert e.part(e.resolve(f"{b.key}.1.0")).data == b"shared"  # type: ignore[arg-type]
+        e.part(ref_a)
+    assert e.part(part(e, f"{b.key}.1.0")).data == b"shared"
     assert a.messages[1].parts == [None, embedded]
     with pytest.raises(NotFound):
-        e.part(e.resolve(f"{a.key}.1.1"))  # type: ignore[arg-type]  # embedded: no URI
+        e.part(part(e, f"{a.key}.1.1"))  # an embedded content has no bytes to serve
 
 
 # ---------------------------------------------------------------- expiry (M4)
@@ -730,7 +739,7 @@ def test_M4_sweep_leaves_used_contents_and_delivered_messages_alone() -> None:
     e.publish(feed, [msg("1", contents=(staged_ref(staged),))])
     clock.now += 100
     assert e.sweep() == 0
-    assert e.part(e.resolve(f"{pipe.key}.1.0")).data == b"kept"  # type: ignore[arg-type]
+    assert e.part(part(e, f"{pipe.key}.1.0")).data == b"kept"
 
 
 def test_M4_expired_bytes_free_the_staging_budget() -> None:
