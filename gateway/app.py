@@ -25,7 +25,8 @@ def build_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[errors, authenticate], client_max_size=config.max_body)
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
-    app.router.add_route("*", "/restms/{kind:domain|feed|resource}/{name}", resources.handle)
+    for kind in ("domain", "feed", "resource"):
+        app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)

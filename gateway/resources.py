@@ -362,7 +362,7 @@ def _exists(request: web.Request, target: Any) -> bool:
 
 def _lookup(request: web.Request) -> Any:
     engine = request.app[ENGINE]
-    kind = request.match_info.get("kind")
+    kind = request.match_info.route.name
     name = request.match_info["name"]
     if kind == "domain":
         return engine.domain(name)
