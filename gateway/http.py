@@ -124,22 +124,40 @@ def not_modified(
     request: web.Request, key: str, resource: Versioned, fmt: Format
 ) -> web.Response | None:
     """H3: 304 when every validator the client sent says its copy is current."""
+    return _not_modified(request, tag_for(key, resource, fmt), resource.modified)
+
+
+def _not_modified(request: web.Request, current: str, modified: float) -> web.Response | None:
     inm = request.headers.get("If-None-Match")
     ims = request.headers.get("If-Modified-Since")
     if inm is None and ims is None:
         return None
-    current = tag_for(key, resource, fmt)
     if inm is not None:
         tags = etag_list(inm)
         if "*" not in tags and current not in tags:
             return None
     if ims is not None:
         since = parse_http_date(ims)
-        if since is None or int(resource.modified) > since:
+        if since is None or int(modified) > since:
             return None
-    return web.Response(
-        status=304, headers={"ETag": current, "Last-Modified": http_date(resource.modified)}
-    )
+    return web.Response(status=304, headers={"ETag": current, "Last-Modified": http_date(modified)})
+
+
+def opaque(
+    request: web.Request, data: bytes, content_type: str, key: str, modified: float
+) -> web.Response:
+    """A content's exact bytes and type (D2), with validators: contents never change."""
+    current = etag(key, 1, "c")
+    unchanged = _not_modified(request, current, modified)
+    if unchanged is not None:
+        return unchanged
+    headers = {
+        "Content-Type": content_type,
+        "ETag": current,
+        "Last-Modified": http_date(modified),
+        "Cache-Control": NO_CACHE,
+    }
+    return web.Response(body=data, headers=headers)
 
 
 def check_preconditions(request: web.Request, key: str, resource: Versioned) -> None:

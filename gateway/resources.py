@@ -239,15 +239,13 @@ async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse
 
 
 # ---------------------------------------------------------------- contents
-def _bytes(data: bytes, content_type: str) -> web.Response:
-    return web.Response(
-        body=data, headers={"Content-Type": content_type, "Cache-Control": "no-cache"}
-    )
-
-
 async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
-    blob = request.app[ENGINE].part(ref)
-    return _bytes(blob.data, blob.content_type)
+    engine = request.app[ENGINE]
+    blob = engine.part(ref)
+    message = engine.message(Slot(ref.pipe, ref.seq))
+    arrived = message.arrived if message is not None else 0.0
+    key = f"c:{ref.pipe.key}.{ref.seq}.{ref.index}"
+    return http.opaque(request, blob.data, blob.content_type, key, arrived)
 
 
 async def delete_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
@@ -256,7 +254,8 @@ async def delete_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
 
 
 async def get_staged(request: web.Request, staged: StagedContent) -> web.StreamResponse:
-    return _bytes(staged.blob.data, staged.blob.content_type)
+    blob = staged.blob
+    return http.opaque(request, blob.data, blob.content_type, f"s:{staged.key}", staged.modified)
 
 
 async def delete_staged(request: web.Request, staged: StagedContent) -> web.StreamResponse:

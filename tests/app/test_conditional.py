@@ -584,3 +584,35 @@ async def test_Q34_if_none_match_is_evaluated_before_when_none_match(
     )
     assert r.status == 304
     assert r.body == b""
+
+
+async def test_H1_H3_contents_carry_validators_and_answer_304(gw: Gateway) -> None:
+    """Staged and delivered contents have an ETag and Last-Modified, and honour If-None-Match."""
+    async with gw.http.post(
+        "/restms/domain/default", data=b"<restms><pipe/></restms>", headers={"Content-Type": XML}
+    ) as r:
+        pipe_name = r.headers["Location"].rsplit("/", 1)[1]
+    async with gw.http.post(
+        "/restms/feed/default", data=b"\x00\x01bytes", headers={"Content-Type": "application/x-b"}
+    ) as r:
+        staged = r.headers["Location"]
+    async with gw.http.get(staged) as r:
+        assert r.status == 200
+        tag, modified = r.headers["ETag"], r.headers["Last-Modified"]
+    async with gw.http.get(staged, headers={"If-None-Match": tag}) as r:
+        assert r.status == 304
+        assert await r.read() == b""
+    async with gw.http.get(staged, headers={"If-Modified-Since": modified}) as r:
+        assert r.status == 304
+    body = f'<restms><message address="{pipe_name}"><content href="{staged}"/></message></restms>'
+    async with gw.http.post("/restms/feed/default", data=body, headers={"Content-Type": XML}) as r:
+        assert r.status == 200
+    async with gw.http.get(f"/restms/resource/{pipe_name}.1.0") as r:
+        assert r.status == 200
+        assert await r.read() == b"\x00\x01bytes"
+        delivered_tag = r.headers["ETag"]
+        assert delivered_tag != tag  # each delivered copy is its own resource (D6)
+    async with gw.http.get(
+        f"/restms/resource/{pipe_name}.1.0", headers={"If-None-Match": delivered_tag}
+    ) as r:
+        assert r.status == 304
