@@ -44,7 +44,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
             raise
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
         return text_reply(exc.status, exc.text or exc.reason, headers)
-    except (asyncio.CancelledError, ConnectionResetError):
+    except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)

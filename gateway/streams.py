@@ -67,7 +67,7 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
                 await response.write(b": keep-alive\n\n")
         if pipe.deleted:
             await response.write(b"event: deleted\ndata: the pipe was deleted\n\n")
-    except ConnectionResetError:
+    except ConnectionError:
         pass  # the client went away; its messages stay in the pipe
     return response
 
@@ -118,6 +118,6 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
                 await pipe.changed(remaining)
         await response.write(b"--\r\n")
         await response.write_eof()
-    except ConnectionResetError:
+    except ConnectionError:
         pass
     return response

@@ -1,0 +1,1 @@
+"""Benchmarks for the RestMS gateway; run with ``bench/run`` (see docs/BENCHMARKS.md)."""

@@ -1,0 +1,225 @@
+"""Shared helpers for the benchmarks: server processes, payloads, statistics, /proc reads.
+
+Everything here runs on 127.0.0.1 only. Every server process started through
+:class:`Server` is registered so that :func:`stop_all` can stop it, and run_all.py
+calls that on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+RESULTS = BENCH / "results"
+PYTHON = str(ROOT / ".venv" / "bin" / "python")
+HOST = "127.0.0.1"
+PAYLOAD_SIZE = 1024
+XML = "application/restms+xml"
+JSON = "application/restms+json"
+NS = "http://www.restms.org/schema/restms"
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+_running: list[Server] = []
+
+
+def log(*parts: object) -> None:
+    print(*parts, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- payloads
+def payload(size: int = PAYLOAD_SIZE, tag: str = "") -> str:
+    """Printable, XML- and JSON-safe text of exactly ``size`` characters (= bytes)."""
+    unit = "restms benchmark payload 0123456789 abcdefghijklmnopqrstuvwxyz. "
+    text = (tag + " " if tag else "") + unit * (size // len(unit) + 1)
+    return text[:size]
+
+
+def xml_messages(count: int, *, address: str = "", tag: str = "") -> bytes:
+    one = (
+        f'<message address="{address}">'
+        f'<content type="text/plain" encoding="plain">{payload(tag=tag)}</content></message>'
+    )
+    return f'<restms xmlns="{NS}">{one * count}</restms>'.encode()
+
+
+def json_messages(count: int, *, address: str = "", tag: str = "") -> bytes:
+    one = {
+        "address": address,
+        "content": [{"type": "text/plain", "encoding": "plain", "value": payload(tag=tag)}],
+    }
+    return json.dumps({"restms": {"message": [one] * count}}, separators=(",", ":")).encode()
+
+
+# ---------------------------------------------------------------- statistics
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, round(p / 100 * len(ordered) + 0.5 - 1e-9))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+# ---------------------------------------------------------------- /proc
+def rss_mb(pid: int) -> float:
+    """VmRSS of a process in MiB (from /proc/PID/status)."""
+    text = Path(f"/proc/{pid}/status").read_text()
+    match = re.search(r"^VmRSS:\s+(\d+)\s+kB", text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError(f"no VmRSS for pid {pid}")
+    return int(match.group(1)) / 1024
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far, in seconds (from /proc/PID/stat)."""
+    raw = Path(f"/proc/{pid}/stat").read_text()
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def system_ticks() -> list[int]:
+    """The aggregate "cpu" line of /proc/stat."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
+def machine_busy(before: list[int], after: list[int]) -> float:
+    """Fraction of all cores' time that was not idle/iowait between two samples."""
+    delta = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(delta[:8])  # guest times are already included in user/nice
+    idle = delta[3] + delta[4]
+    return (total - idle) / total if total else 0.0
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def machine() -> dict[str, Any]:
+    model = "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = None
+    with contextlib.suppress(OSError, AttributeError):
+        found = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
+        mem = round(int(found.group(1)) / 1024 / 1024, 1) if found else None  # type: ignore[union-attr]
+    return {
+        "nproc": os.cpu_count(),
+        "cpu_model": model,
+        "mem_gib": mem,
+        "kernel": os.uname().release,
+        "python": sys.version.split()[0],
+        "loadavg_start": os.getloadavg(),
+    }
+
+
+# ---------------------------------------------------------------- server processes
+class Server:
+    """A gateway or bare server child process, listening on 127.0.0.1 on a free port."""
+
+    def __init__(self, kind: str, env: dict[str, str] | None = None) -> None:
+        self.kind = kind
+        self.port = 0
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        self.logfile = RESULTS / f"{kind}-server.log"
+        self.data_dir = tempfile.mkdtemp(prefix=f"restms-bench-{kind}-")
+        if kind == "gateway":
+            argv = [
+                PYTHON,
+                str(ROOT / "main.py"),
+                "serve",
+                "--host",
+                HOST,
+                "--port",
+                "0",
+                "--data-dir",
+                self.data_dir,
+            ]
+        elif kind == "bare":
+            argv = [PYTHON, str(BENCH / "bare_server.py"), "--host", HOST, "--port", "0"]
+        else:
+            raise ValueError(kind)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self._log = self.logfile.open("wb")
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT
+        )
+        _running.append(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def base(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    def wait_ready(self, timeout: float = 20.0) -> Server:
+        """Both servers log "listening on http://127.0.0.1:PORT/..." once bound."""
+        deadline = time.monotonic() + timeout
+        pattern = re.compile(rb"listening on http://127\.0\.0\.1:(\d+)/")
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"{self.kind} server exited with {self.proc.returncode}: "
+                    + self.logfile.read_text(errors="replace")[-2000:]
+                )
+            found = pattern.search(self.logfile.read_bytes())
+            if found:
+                self.port = int(found.group(1))
+                return self
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.kind} server did not report its port in {timeout}s")
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> int | None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                log(f"{self.kind} server ignored SIGTERM for 10 s; killing it")
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+        with contextlib.suppress(ValueError):
+            _running.remove(self)
+        subprocess.run(["rm", "-rf", self.data_dir], check=False)
+        return self.proc.returncode
+
+
+def start(kind: str, env: dict[str, str] | None = None) -> Server:
+    server = Server(kind, env)
+    try:
+        return server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+
+
+def stop_all() -> None:
+    for server in list(_running):
+        with contextlib.suppress(Exception):
+            server.stop()

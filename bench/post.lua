@@ -1,0 +1,20 @@
+-- POST one fixed body, read from a file, on every request; print a JSON summary at the end.
+-- usage: wrk -s bench/post.lua URL -- BODY_FILE CONTENT_TYPE
+
+function init(args)
+  local f = assert(io.open(args[1], "rb"))
+  wrk.body = f:read("*a")
+  f:close()
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = args[2]
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRKJSON {"requests": %d, "duration_us": %d, "bytes": %d, "connect": %d, "read": %d, '
+      .. '"write": %d, "status": %d, "timeout": %d, "lat_p50_us": %d, "lat_p99_us": %d, '
+      .. '"lat_max_us": %d}\n',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write, e.status,
+    e.timeout, latency:percentile(50), latency:percentile(99), latency.max))
+end

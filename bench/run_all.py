@@ -1,0 +1,279 @@
+"""Run every benchmark, print a summary table and write the raw results as JSON.
+
+    .venv/bin/python bench/run_all.py            # everything, default rounds
+    .venv/bin/python bench/run_all.py --quick    # a short smoke run of everything
+
+Each figure is the median over several rounds, and every round also measures the
+baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
+generator on the same machine. Raw per-round results go to
+bench/results/results-<time>.json (and latest.json). All servers and clients are
+started here on 127.0.0.1 and stopped on every exit path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from datetime import UTC, datetime
+from typing import Any
+
+from bench import asynclets, latency, throughput
+from bench.common import RESULTS, log, machine, median, start, stop_all
+
+GATEWAY_ENV = {"RESTMS_MAX_PIPE_MESSAGES": "5000000"}
+
+
+def _stop_on_signal(signum: int, _frame: Any) -> None:
+    stop_all()
+    raise SystemExit(128 + signum)
+
+
+def _raise_nofile() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def _med(runs: list[dict[str, Any]], key: str) -> float | None:
+    return median([r[key] for r in runs if r.get(key) is not None])
+
+
+def section_throughput(args: argparse.Namespace) -> dict[str, Any]:
+    throughput.ensure_wrk()
+    gateway = start("gateway", GATEWAY_ENV)
+    bare = start("bare")
+    try:
+        return throughput.run(gateway, bare, args.rounds, args.duration)
+    finally:
+        gateway.stop()
+        bare.stop()
+
+
+def section_latency(args: argparse.Namespace) -> dict[str, Any]:
+    gateway = start("gateway", GATEWAY_ENV)
+    bare = start("bare")
+    try:
+        return latency.run(gateway, bare, args.rounds, args.latency_count)
+    finally:
+        gateway.stop()
+        bare.stop()
+
+
+def section_asynclets(args: argparse.Namespace) -> dict[str, Any]:
+    return asynclets.run(args.rss_rounds, args.asynclets)
+
+
+def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    tp = results.get("throughput", {})
+    if "single" in tp:
+        g, b = _med(tp["single"]["gateway"], "req_per_s"), _med(tp["single"]["bare"], "req_per_s")
+        ratio = g / b if g and b else None
+        rows.append(
+            {
+                "benchmark": "1. single publish (1 KiB, XML)",
+                "unit": "req/s",
+                "gateway": g,
+                "bare": b,
+                "ratio": ratio,
+                "target": ">= 50% of bare",
+                "pass": ratio is not None and ratio >= 0.5,
+            }
+        )
+    for case, label in (("batch_xml", "XML"), ("batch_json", "JSON")):
+        if case in tp:
+            g, b = _med(tp[case]["gateway"], "msg_per_s"), _med(tp[case]["bare"], "msg_per_s")
+            rows.append(
+                {
+                    "benchmark": f"2. batched publish, 100 x 1 KiB, {label}",
+                    "unit": "msg/s",
+                    "gateway": g,
+                    "bare": b,
+                    "ratio": g / b if g and b else None,
+                    "target": ">= 100,000 msg/s",
+                    "pass": g is not None and g >= 100_000,
+                }
+            )
+    lat = results.get("latency", {})
+    if lat.get("gateway"):
+        for key, label, target in (("p50_ms", "p50", "<= 2 ms"), ("p99_ms", "p99", "(none)")):
+            g, b = _med(lat["gateway"], key), _med(lat["bare"], key)
+            rows.append(
+                {
+                    "benchmark": f"3. publish->asynclet latency {label} (bare: POST round trip)",
+                    "unit": "ms",
+                    "gateway": g,
+                    "bare": b,
+                    "ratio": g / b if g and b else None,
+                    "target": target,
+                    "pass": (g is not None and g <= 2.0) if label == "p50" else None,
+                }
+            )
+    rss = results.get("asynclets", {})
+    if rss.get("gateway"):
+        n = rss["count"]
+        g, b = _med(rss["gateway"], "extra_mb"), _med(rss["bare"], "extra_mb")
+        rows.append(
+            {
+                "benchmark": f"4. extra RSS, {n} waiting asynclets (bare: {n} idle conns)",
+                "unit": "MB",
+                "gateway": g,
+                "bare": b,
+                "ratio": g / b if g and b else None,
+                "target": "<= 150 MB",
+                "pass": g is not None and g <= 150,
+            }
+        )
+        all_ok = all(r["received_ok"] == n and r["publish_reply_count_ok"] for r in rss["gateway"])
+        rows.append(
+            {
+                "benchmark": f"4. fan-out to {n} waiters: time until all received",
+                "unit": "s",
+                "gateway": _med(rss["gateway"], "all_delivered_s"),
+                "bare": None,
+                "ratio": None,
+                "target": f"all {n} received",
+                "pass": all_ok,
+            }
+        )
+        rows.append(
+            {
+                "benchmark": f"4. create {n} pipes + {n} joins (64 concurrent)",
+                "unit": "s",
+                "gateway": median(
+                    [r["create_pipes_s"] + r["create_joins_s"] for r in rss["gateway"]]
+                ),
+                "bare": None,
+                "ratio": None,
+                "target": "(none)",
+                "pass": None,
+            }
+        )
+    return rows
+
+
+def _fmt(value: float | None, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit in ("ms", "s"):
+        return f"{value:.3f}"
+    if unit == "MB":
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    header = ("benchmark", "unit", "gateway", "bare", "ratio", "target", "result")
+    lines = [header]
+    for row in rows:
+        verdict = {True: "PASS", False: "FAIL", None: "-"}[row["pass"]]
+        ratio = "-" if row["ratio"] is None else f"{row['ratio']:.2f}"
+        lines.append(
+            (
+                row["benchmark"],
+                row["unit"],
+                _fmt(row["gateway"], row["unit"]),
+                _fmt(row["bare"], row["unit"]),
+                ratio,
+                row["target"],
+                verdict,
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for n, line in enumerate(lines):
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)))
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def print_notes(results: dict[str, Any]) -> None:
+    tp = results.get("throughput", {})
+    for case, data in tp.items():
+        for kind in ("gateway", "bare"):
+            runs = data[kind]
+            per_cpu = _med(runs, "msg_per_server_cpu_s") or 0
+            print(
+                f"  {case:10s} {kind:7s}: {per_cpu:9,.0f} msg per server CPU-second; "
+                f"server CPU {_med(runs, 'server_cpu_util') or 0:.2f} "
+                f"core, wrk CPU {_med(runs, 'wrk_cpu_util') or 0:.2f} core, machine busy "
+                f"{_med(runs, 'machine_busy') or 0:.0%}, errors {sum(r['errors'] for r in runs)}"
+            )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=5, help="rounds for benchmarks 1-3")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    parser.add_argument("--latency-count", type=int, default=1000, help="samples per round")
+    parser.add_argument("--asynclets", type=int, default=10_000, help="waiting asynclets")
+    parser.add_argument("--rss-rounds", type=int, default=3, help="rounds for benchmark 4")
+    parser.add_argument(
+        "--only", nargs="*", choices=["throughput", "latency", "asynclets"], default=None
+    )
+    parser.add_argument("--quick", action="store_true", help="1 round, short runs")
+    args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.duration, args.latency_count = 1, 2.0, 200
+        args.rss_rounds, args.asynclets = 1, min(args.asynclets, 2000)
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGHUP, _stop_on_signal)
+    _raise_nofile()
+    started = datetime.now(UTC)
+    results: dict[str, Any] = {
+        "started": started.isoformat(timespec="seconds"),
+        "machine": machine(),
+        "settings": vars(args),
+        "gateway_env": GATEWAY_ENV,
+        "errors": {},
+    }
+    sections = {
+        "throughput": section_throughput,
+        "latency": section_latency,
+        "asynclets": section_asynclets,
+    }
+    t0 = time.monotonic()
+    try:
+        for name, section in sections.items():
+            if args.only and name not in args.only:
+                continue
+            log(f"== {name}")
+            try:
+                results[name] = section(args)
+            except Exception as exc:
+                log(f"!! {name} failed: {exc!r}")
+                results["errors"][name] = traceback.format_exc()
+    finally:
+        stop_all()
+    results["seconds"] = time.monotonic() - t0
+    results["machine"]["loadavg_end"] = os.getloadavg()
+    results["summary"] = summarize(results)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"results-{started.strftime('%Y%m%d-%H%M%S')}.json"
+    text = json.dumps(results, indent=2)
+    path.write_text(text)
+    (RESULTS / "latest.json").write_text(text)
+    m = results["machine"]
+    print()
+    print(f"machine: {m['nproc']} x {m['cpu_model']}, {m['mem_gib']} GiB, Python {m['python']}")
+    print(
+        f"rounds: {args.rounds} x {args.duration:g} s wrk runs, {args.latency_count} latency "
+        f"samples/round, {args.rss_rounds} x {args.asynclets} asynclets; figures are medians"
+    )
+    print()
+    print_table(results["summary"])
+    print()
+    print_notes(results)
+    for name, error in results["errors"].items():
+        print(f"\n{name} FAILED:\n{error}")
+    print(f"\nraw results: {path.relative_to(RESULTS.parent.parent)}")
+    return 1 if results["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

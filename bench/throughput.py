@@ -1,0 +1,186 @@
+"""Benchmarks 1 and 2: publish throughput with wrk, gateway versus the bare aiohttp server.
+
+1. single: one ``<message>`` (1 KiB embedded plain content) per POST, req/s.
+2. batch: 100 such messages per POST, msg/s, for an XML and a JSON body.
+
+Each gateway run publishes to a fresh fanout feed with one joined pipe, which is
+deleted afterwards so that stored messages never carry over between runs (the
+gateway is started with a large ``max_pipe_messages`` so the pipe never overflows
+during a run). The bare server gets the very same body files and wrk settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+from bench import rest
+from bench.common import (
+    BENCH,
+    JSON,
+    XML,
+    Server,
+    cpu_seconds,
+    json_messages,
+    log,
+    machine_busy,
+    system_ticks,
+    xml_messages,
+)
+
+LUA = BENCH / "post.lua"
+BATCH = 100
+
+# name -> (body, content type, messages per request, wrk connections)
+CASES: dict[str, tuple[bytes, str, int, int]] = {}
+
+
+def cases() -> dict[str, tuple[bytes, str, int, int]]:
+    if not CASES:
+        CASES["single"] = (xml_messages(1), XML, 1, 32)
+        CASES["batch_xml"] = (xml_messages(BATCH), XML, BATCH, 8)
+        CASES["batch_json"] = (json_messages(BATCH), JSON, BATCH, 8)
+    return CASES
+
+
+def ensure_wrk() -> str:
+    """wrk from PATH, installing the Debian package if it is missing."""
+    found = shutil.which("wrk")
+    if found:
+        return found
+    log("wrk not found; installing it with apt-get")
+    install = ["apt-get", "install", "-y", "-q", "wrk"]
+    if subprocess.run(install, check=False, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
+    found = shutil.which("wrk")
+    if not found:
+        raise RuntimeError("wrk is still missing after apt-get install")
+    return found
+
+
+def run_wrk(
+    server: Server, url: str, body: Path, content_type: str, duration: float, connections: int
+) -> dict[str, Any]:
+    """One wrk run (1 thread) with the server's and wrk's CPU use over the run."""
+    argv = [
+        ensure_wrk(),
+        "-t1",
+        f"-c{connections}",
+        f"-d{duration:g}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(LUA),
+        url,
+        "--",
+        str(body),
+        content_type,
+    ]
+    sys0 = system_ticks()
+    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    server_cpu0 = cpu_seconds(server.pid)
+    t0 = time.monotonic()
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=duration + 60, check=False)
+    wall = time.monotonic() - t0
+    server_cpu = cpu_seconds(server.pid) - server_cpu0
+    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    sys1 = system_ticks()
+    wrk_cpu = (after_children.ru_utime + after_children.ru_stime) - (
+        before_children.ru_utime + before_children.ru_stime
+    )
+    line = next((x for x in done.stdout.splitlines() if x.startswith("WRKJSON ")), None)
+    if done.returncode != 0 or line is None:
+        raise RuntimeError(f"wrk failed ({done.returncode}): {done.stdout}\n{done.stderr}")
+    stats = json.loads(line[len("WRKJSON ") :])
+    seconds = stats["duration_us"] / 1e6
+    errors = sum(stats[k] for k in ("connect", "read", "write", "status", "timeout"))
+    return {
+        "requests": stats["requests"],
+        "seconds": seconds,
+        "req_per_s": stats["requests"] / seconds,
+        "errors": errors,
+        "non_2xx": stats["status"],
+        "latency_p50_ms": stats["lat_p50_us"] / 1000,
+        "latency_p99_ms": stats["lat_p99_us"] / 1000,
+        "server_cpu_util": server_cpu / wall,
+        "wrk_cpu_util": wrk_cpu / wall,
+        "machine_busy": machine_busy(sys0, sys1),
+        "alive_after": server.alive(),
+    }
+
+
+def measure(
+    kind: str,
+    server: Server,
+    case: str,
+    body_file: Path,
+    duration: float,
+    feed_name: str,
+) -> dict[str, Any]:
+    _, content_type, per_request, connections = cases()[case]
+    fixture = None
+    if kind == "gateway":
+        fixture = uvloop.run(rest.fanout_fixture(server.base, feed_name))
+        url = fixture["feed"]
+    else:
+        url = f"{server.base}/restms/feed/{feed_name}"
+    try:
+        result = run_wrk(server, url, body_file, content_type, duration, connections)
+    finally:
+        if fixture is not None and server.alive():
+            uvloop.run(rest.drop_fixture(server.base, fixture))
+    result["msg_per_s"] = result["req_per_s"] * per_request
+    # what one fully available core would do: less sensitive to other load on the machine
+    cpu = result["server_cpu_util"]
+    result["msg_per_server_cpu_s"] = result["msg_per_s"] / cpu if cpu else None
+    result["server"] = kind
+    result["case"] = case
+    return result
+
+
+def run(
+    gateway: Server, bare: Server, rounds: int, duration: float, only: list[str] | None = None
+) -> dict[str, Any]:
+    """Interleave bare and gateway runs (alternating which goes first) for every case."""
+    names = [c for c in cases() if only is None or c in only]
+    out: dict[str, Any] = {name: {"gateway": [], "bare": []} for name in names}
+    with tempfile.TemporaryDirectory(prefix="restms-bench-bodies-") as tmp:
+        files = {}
+        for name in names:
+            files[name] = Path(tmp) / f"{name}.body"
+            files[name].write_bytes(cases()[name][0])
+        for name in names:  # warm-up: short runs, not recorded
+            for kind, server in (("bare", bare), ("gateway", gateway)):
+                measure(kind, server, name, files[name], 1.0, f"warm{os.getpid()}{name}")
+        serial = 0
+        for round_no in range(rounds):
+            for name in names:
+                order = [("bare", bare), ("gateway", gateway)]
+                if round_no % 2:
+                    order.reverse()
+                for kind, server in order:
+                    serial += 1
+                    result = measure(kind, server, name, files[name], duration, f"b{serial}")
+                    result["round"] = round_no
+                    out[name][kind].append(result)
+                    log(
+                        f"  round {round_no + 1}/{rounds} {name:10s} {kind:7s} "
+                        f"{result['req_per_s']:9.0f} req/s {result['msg_per_s']:10.0f} msg/s "
+                        f"errors={result['errors']} server_cpu={result['server_cpu_util']:.2f} "
+                        f"wrk_cpu={result['wrk_cpu_util']:.2f}"
+                    )
+    for name in names:
+        out[name]["body_bytes"] = len(cases()[name][0])
+        out[name]["messages_per_request"] = cases()[name][2]
+        out[name]["connections"] = cases()[name][3]
+    return out
