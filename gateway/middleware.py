@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import logging
 
@@ -51,6 +52,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return text_reply(500, "internal error; it has been logged")
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_loopback(host: str | None) -> bool:
     if not host:
         return False

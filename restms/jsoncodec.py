@@ -12,6 +12,7 @@ converts to XML without loss (J6); control characters are refused with 400.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from .document import ROOT, TEXT_ELEMENTS, Document, Element, grouped
 from .errors import BadRequest
 from .xmlcodec import DEFAULT_LIMITS, CodecLimits
 
+Check = Callable[[str, str], None]
 TEXT_KEY = "value"
 _TEXT_KEYS = (TEXT_KEY, "#text")
 
@@ -41,11 +43,32 @@ def parse_json(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
     if not isinstance(root, dict):
         raise BadRequest(f'"{ROOT}" must hold an object')
     budget = [limits.max_elements]
-    _, kids, _ = _object(ROOT, root, 1, limits.max_depth, budget)
+    check = _check if _may_hold_controls(body) else _no_check
+    _, kids, _ = _object(ROOT, root, 1, limits.max_depth, budget, check)
     return Document(elements=kids)
 
 
-def _string(value: Any, where: str) -> str | None:
+def _may_hold_controls(body: bytes) -> bool:
+    """Whether any decoded string could hold a character XML cannot carry.
+
+    JSON forbids raw control characters in strings, so they can only arrive escaped
+    (after a backslash); U+FFFE and U+FFFF can also arrive as raw UTF-8, which starts
+    with byte 0xEF. Two single-byte scans of the body spare a check of every string
+    in the common case.
+    """
+    return b"\\" in body or b"\xef" in body
+
+
+def _check(text: str, where: str) -> None:
+    if _NOT_XML.search(text):
+        raise BadRequest(f"{where} holds a control character XML cannot carry")
+
+
+def _no_check(text: str, where: str) -> None:
+    return None
+
+
+def _string(value: Any, where: str, check: Check) -> str | None:
     if value is None:
         return None
     if isinstance(value, str):
@@ -56,45 +79,46 @@ def _string(value: Any, where: str) -> str | None:
         text = str(value)
     else:
         raise BadRequest(f"{where} must be a string")
-    if _NOT_XML.search(text):
-        raise BadRequest(f"{where} holds a control character XML cannot carry")
+    check(text, where)
     return text
 
 
 def _object(
-    tag: str, obj: dict[str, Any], depth: int, max_depth: int, budget: list[int]
+    tag: str, obj: dict[str, Any], depth: int, max_depth: int, budget: list[int], check: Check
 ) -> tuple[dict[str, str], tuple[Element, ...], str | None]:
     attrs: dict[str, str] = {}
     kids: list[Element] = []
     text: str | None = None
     for key, value in obj.items():
         if tag in TEXT_ELEMENTS and key in _TEXT_KEYS:
-            text = _string(value, f'"{key}" of <{tag}>')
+            text = _string(value, f'"{key}" of <{tag}>', check)
         elif isinstance(value, list):
             for item in value:
-                kids.append(_element(key, item, depth, max_depth, budget))
+                kids.append(_element(key, item, depth, max_depth, budget, check))
         elif isinstance(value, dict):  # a lone element where an array was expected
-            kids.append(_element(key, value, depth, max_depth, budget))
+            kids.append(_element(key, value, depth, max_depth, budget, check))
         elif key == "xmlns" or key.startswith("xmlns:"):
             continue  # namespace declarations are not properties (G3); never echo them
         else:
-            s = _string(value, f'property "{key}" of <{tag}>')
+            s = _string(value, f'property "{key}" of <{tag}>', check)
             if s is not None:
                 attrs[key] = s
     return attrs, tuple(kids), text
 
 
-def _element(tag: str, item: Any, depth: int, max_depth: int, budget: list[int]) -> Element:
+def _element(
+    tag: str, item: Any, depth: int, max_depth: int, budget: list[int], check: Check
+) -> Element:
     if not isinstance(item, dict):
         raise BadRequest(f'each "{tag}" element must be a JSON object')
-    if not tag or _NOT_XML.search(tag) or not _is_name(tag):
+    if not _is_name(tag):
         raise BadRequest(f"{tag!r} is not a valid element name")
     budget[0] -= 1
     if budget[0] < 0:
         raise BadRequest("document has too many elements")
     if depth >= max_depth:
         raise BadRequest(f"document nested deeper than {max_depth} levels")
-    attrs, kids, text = _object(tag, item, depth + 1, max_depth, budget)
+    attrs, kids, text = _object(tag, item, depth + 1, max_depth, budget, check)
     for name in attrs:
         if not _is_name(name):
             raise BadRequest(f"{name!r} is not a valid property name")
@@ -104,8 +128,17 @@ def _element(tag: str, item: Any, depth: int, max_depth: int, budget: list[int])
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 
 
+_NAMES: set[str] = set()  # names already found valid; bounded, names are client-chosen
+
+
 def _is_name(name: str) -> bool:
-    return _NAME.match(name) is not None
+    if name in _NAMES:
+        return True
+    if _NAME.match(name) is None:
+        return False
+    if len(_NAMES) < 1024:
+        _NAMES.add(name)
+    return True
 
 
 def to_json(document: Document) -> bytes:

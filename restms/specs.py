@@ -46,6 +46,7 @@ MESSAGE_PROPERTIES = (
     "app_id",
     "sender_id",
 )
+_PROPERTY_ORDER = {name: index for index, name in enumerate(MESSAGE_PROPERTIES)}
 ENCODINGS = frozenset({"plain", "base64"})
 DEFAULT_CONTENT_TYPE = "text/plain"
 
@@ -229,18 +230,24 @@ def messages(document: Document, limits: MessageLimits) -> tuple[MessageSpec, ..
 
 def message(element: Element, limits: MessageLimits) -> MessageSpec:
     attrs = element.attrs
-    props = tuple((key, attrs[key]) for key in MESSAGE_PROPERTIES if attrs.get(key))
+    props = [(key, value) for key, value in attrs.items() if value and key in _PROPERTY_ORDER]
+    if len(props) > 1:
+        props.sort(key=lambda pair: _PROPERTY_ORDER[pair[0]])
     for key, value in props:
         check = _PROPERTY_CHECKS.get(key)
         if check is not None:
             check(value)
-    contents = tuple(_content(el) for el in element.iter("content"))
-    if len(contents) > limits.max_contents:
-        raise PayloadTooLarge(f"more than {limits.max_contents} contents in one message")
+    contents: tuple[Content, ...] = ()
+    headers: tuple[tuple[str, str], ...] = ()
+    if element.children:
+        contents = tuple(_content(el) for el in element.iter("content"))
+        if len(contents) > limits.max_contents:
+            raise PayloadTooLarge(f"more than {limits.max_contents} contents in one message")
+        headers = _headers(element, limits.max_headers)
     return MessageSpec(
         address=check_address(attrs.get("address", "")),
-        props=props,
-        headers=_headers(element, limits.max_headers),
+        props=tuple(props),
+        headers=headers,
         contents=contents,
     )
 

@@ -8,14 +8,14 @@ Parsing is defensive because bodies come from the open internet:
 * namespaces are ignored and names matched on their local part (G3, L1);
 * whitespace-only text is dropped; only ``<content>`` keeps its text (G7).
 
-Serialising goes through lxml too, so ``&``, ``<`` and ``"`` are always escaped (G5).
+Serialising writes the text directly, escaping ``&``, ``<``, ``>``, ``"`` and the
+white space that attribute normalisation would otherwise change (G5).
 """
 
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 from lxml import etree
 
@@ -80,6 +80,18 @@ def parse_xml(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
     return Document(elements=_children(root, 1, limits.max_depth, budget))
 
 
+_LOCAL: dict[str, str] = {}  # tag -> local name, for the few tags documents use
+
+
+def _local_tag(tag: str) -> str:
+    local = _LOCAL.get(tag)
+    if local is None:
+        local = _local_name(tag)
+        if len(_LOCAL) < 256:  # tags are client-chosen: keep the cache bounded
+            _LOCAL[tag] = local
+    return local
+
+
 def _children(
     node: etree._Element, depth: int, max_depth: int, budget: list[int]
 ) -> tuple[Element, ...]:
@@ -93,37 +105,83 @@ def _children(
             raise BadRequest("document has too many elements")
         if depth >= max_depth:
             raise BadRequest(f"document nested deeper than {max_depth} levels")
-        local = _local_name(tag)
-        attrs = {_local_name(str(k)): str(v) for k, v in child.attrib.items()}
+        local = _local_tag(tag)
+        attrs: dict[str, str] = dict(child.attrib)  # type: ignore[arg-type]
+        for key in attrs:
+            if key[0] == "{":  # a namespaced attribute: match on its local name (G3)
+                attrs = {_local_name(k): v for k, v in attrs.items()}
+                break
+        nested = len(child)
         text = None
         if local in TEXT_ELEMENTS:
             # The element's own text only (text inside a child belongs to the child,
             # J6), and an empty element has no value at all (J5: no "value" key).
-            own = [child.text or "", *(str(k.tail or "") for k in child)]
-            text = "".join(own) or None
-        kids = _children(child, depth + 1, max_depth, budget) if len(child) else ()
+            if nested:
+                text = "".join([child.text or "", *(str(k.tail or "") for k in child)]) or None
+            else:
+                text = child.text or None
+        kids = _children(child, depth + 1, max_depth, budget) if nested else ()
         out.append(Element(local, attrs, kids, text))
     return tuple(out)
 
 
-_ROOT_TAG = f"{{{NAMESPACE}}}{ROOT}"
-_NSMAP: Any = {None: NAMESPACE}  # the default namespace (lxml-stubs type the key as str)
+_HEAD = f"<?xml version='1.0' encoding='UTF-8'?>\n<{ROOT} xmlns=\"{NAMESPACE}\"".encode()
+_EMPTY = _HEAD + b"/>"
+
+
+def _text(value: str) -> str:
+    """Escape element text: ``&``, ``<`` and ``>`` (so ``]]>`` cannot appear)."""
+    if "&" in value:
+        value = value.replace("&", "&amp;")
+    if "<" in value:
+        value = value.replace("<", "&lt;")
+    if ">" in value:
+        value = value.replace(">", "&gt;")
+    if "\r" in value:
+        value = value.replace("\r", "&#13;")  # a raw CR would be normalised away
+    return value
+
+
+def _attr(value: str) -> str:
+    """Escape an attribute value; white space other than a space survives as a reference."""
+    value = _text(value)
+    if '"' in value:
+        value = value.replace('"', "&quot;")
+    if "\n" in value:
+        value = value.replace("\n", "&#10;")
+    if "\t" in value:
+        value = value.replace("\t", "&#9;")
+    return value
 
 
 def to_xml(document: Document) -> bytes:
-    """Encode a document as UTF-8 XML with a declaration (G1, G3)."""
-    root = etree.Element(_ROOT_TAG, nsmap=_NSMAP)
+    """Encode a document as UTF-8 XML with a declaration (G1, G3, G5).
+
+    Written directly rather than through a tree: replies are small and many, and a
+    tree costs more than the document. Names come from the codecs, which only admit
+    valid XML names, and values are escaped here; the round-trip tests parse every
+    output back with the hardened parser.
+    """
+    if not document.elements:
+        return _EMPTY
+    out = [">"]
     for element in document.elements:
-        _build(root, element)
-    out: bytes = etree.tostring(root, xml_declaration=True, encoding="UTF-8")
-    return out
+        _write(out, element)
+    out.append(f"</{ROOT}>")
+    return _HEAD + "".join(out).encode()
 
 
-def _build(parent: etree._Element, element: Element) -> None:
-    node = etree.SubElement(parent, f"{{{NAMESPACE}}}{element.tag}")
+def _write(out: list[str], element: Element) -> None:
+    tag = element.tag
+    out.append(f"<{tag}")
     for key, value in element.attrs.items():
-        node.set(key, value)
+        out.append(f' {key}="{_attr(value)}"')
+    if element.text is None and not element.children:
+        out.append("/>")
+        return
+    out.append(">")
     if element.text is not None:
-        node.text = element.text
+        out.append(_text(element.text))
     for child in element.children:
-        _build(node, child)
+        _write(out, child)
+    out.append(f"</{tag}>")

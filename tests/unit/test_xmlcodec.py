@@ -440,3 +440,16 @@ def test_serialiser_keeps_child_order() -> None:
         )
     )
     assert parse_xml(to_xml(document)) == document
+
+
+@pytest.mark.parametrize(
+    "value", ["tab\there", "line\nbreak", "cr\rhere", "crlf\r\n", "]]>", "a&b<c>d\"e'f", ""]
+)
+def test_G5_serialised_values_survive_a_parse_exactly(value: str) -> None:
+    """Attribute normalisation would turn tabs and newlines into spaces; we escape them."""
+    document = Document(
+        elements=(Element("message", {"address": value}, (Element("content", {}, (), value),)),)
+    )
+    (message,) = parse_xml(to_xml(document)).elements
+    assert message.attrs["address"] == value
+    assert message.children[0].text == (value or None)
