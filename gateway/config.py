@@ -56,6 +56,9 @@ class Config:
     sweep_interval: float = 5.0
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
+    # Derived once, in __post_init__: the hot path must not rebuild them per request.
+    codec: CodecLimits = field(init=False, repr=False, compare=False)
+    limits: MessageLimits = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -82,9 +85,16 @@ class Config:
             raise ConfigError(f"[[domains]] must include the {DEFAULT_DOMAIN!r} domain (U3)")
         try:
             self.engine()
-            self.codec_limits()
+            codec = CodecLimits(max_depth=self.max_depth, max_elements=self.max_elements)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        object.__setattr__(self, "codec", codec)
+        limits = MessageLimits(
+            max_messages=self.max_messages_per_request,
+            max_headers=self.max_headers_per_message,
+            max_contents=self.max_contents_per_message,
+        )
+        object.__setattr__(self, "limits", limits)
         if not self.insecure and not is_loopback(self.host):
             raise ConfigError(
                 f"refusing to listen on {self.host}: until OAuth is configured every request "
@@ -104,16 +114,6 @@ class Config:
             max_staged_bytes=self.max_staged_bytes,
         )
 
-    def message_limits(self) -> MessageLimits:
-        return MessageLimits(
-            max_messages=self.max_messages_per_request,
-            max_headers=self.max_headers_per_message,
-            max_contents=self.max_contents_per_message,
-        )
-
-    def codec_limits(self) -> CodecLimits:
-        return CodecLimits(max_depth=self.max_depth, max_elements=self.max_elements)
-
 
 def is_loopback(host: str) -> bool:
     if host == "localhost":
@@ -124,7 +124,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-_SCALARS = {f.name: f for f in dataclasses.fields(Config) if f.name not in ("domains", "feeds")}
+_SCALARS = {
+    f.name: f for f in dataclasses.fields(Config) if f.init and f.name not in ("domains", "feeds")
+}
 
 
 def _coerce(key: str, value: Any, source: str) -> Any:

@@ -80,7 +80,7 @@ def request_format(request: web.Request, body: bytes) -> Format:
 
 
 def decode(request: web.Request, body: bytes, fmt: Format) -> Document:
-    return restms.decode(body, fmt, request.app[CONFIG].codec_limits())
+    return restms.decode(body, fmt, request.app[CONFIG].codec)
 
 
 async def read_document(request: web.Request) -> tuple[Document, Format]:

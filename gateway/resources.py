@@ -13,7 +13,7 @@ from typing import Any
 from aiohttp import web
 
 from feeds.model import Domain, Feed, Join, PartRef, Pipe, Slot, StagedContent
-from restms import specs
+from restms import fastpath, specs
 from restms.errors import Forbidden, MethodNotAllowed, NotFound
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
@@ -109,9 +109,12 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
         )
     fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
     config = request.app[CONFIG]
-    messages = specs.messages(http.decode(request, body, body_fmt), config.message_limits())
+    limits = config.limits
+    messages = fastpath.messages(body, body_fmt, config.codec, limits)
+    if messages is None:  # an unusual shape, or an error to word: the generic path
+        messages = specs.messages(http.decode(request, body, body_fmt), limits)
     counts = engine.publish(feed, messages)
-    return http.document(request, views.counts(counts), fmt, key="", resource=None)
+    return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
 
 
 # ---------------------------------------------------------------- pipes

@@ -43,12 +43,12 @@ def parse_json(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
     if not isinstance(root, dict):
         raise BadRequest(f'"{ROOT}" must hold an object')
     budget = [limits.max_elements]
-    check = _check if _may_hold_controls(body) else _no_check
+    check = _check if may_hold_controls(body) else _no_check
     _, kids, _ = _object(ROOT, root, 1, limits.max_depth, budget, check)
     return Document(elements=kids)
 
 
-def _may_hold_controls(body: bytes) -> bool:
+def may_hold_controls(body: bytes) -> bool:
     """Whether any decoded string could hold a character XML cannot carry.
 
     JSON forbids raw control characters in strings, so they can only arrive escaped
@@ -111,7 +111,7 @@ def _element(
 ) -> Element:
     if not isinstance(item, dict):
         raise BadRequest(f'each "{tag}" element must be a JSON object')
-    if not _is_name(tag):
+    if not is_name(tag):
         raise BadRequest(f"{tag!r} is not a valid element name")
     budget[0] -= 1
     if budget[0] < 0:
@@ -120,7 +120,7 @@ def _element(
         raise BadRequest(f"document nested deeper than {max_depth} levels")
     attrs, kids, text = _object(tag, item, depth + 1, max_depth, budget, check)
     for name in attrs:
-        if not _is_name(name):
+        if not is_name(name):
             raise BadRequest(f"{name!r} is not a valid property name")
     return Element(tag, attrs, kids, text)
 
@@ -131,7 +131,7 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 _NAMES: set[str] = set()  # names already found valid; bounded, names are client-chosen
 
 
-def _is_name(name: str) -> bool:
+def is_name(name: str) -> bool:
     if name in _NAMES:
         return True
     if _NAME.match(name) is None:

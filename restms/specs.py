@@ -229,7 +229,23 @@ def messages(document: Document, limits: MessageLimits) -> tuple[MessageSpec, ..
 
 
 def message(element: Element, limits: MessageLimits) -> MessageSpec:
-    attrs = element.attrs
+    contents: list[Content] = []
+    headers: list[tuple[str, str]] = []
+    for child in element.children:
+        if child.tag == "content":
+            contents.append(_content(child))
+        elif child.tag == "header":
+            headers.append(header(child.attrs))
+    return build_message(element.attrs, headers, contents, limits)
+
+
+def build_message(
+    attrs: Mapping[str, str],
+    headers: list[tuple[str, str]],
+    contents: list[Content],
+    limits: MessageLimits,
+) -> MessageSpec:
+    """A validated message from its properties, headers and contents (§6.6, M5, M6)."""
     props = [(key, value) for key, value in attrs.items() if value and key in _PROPERTY_ORDER]
     if len(props) > 1:
         props.sort(key=lambda pair: _PROPERTY_ORDER[pair[0]])
@@ -237,48 +253,50 @@ def message(element: Element, limits: MessageLimits) -> MessageSpec:
         check = _PROPERTY_CHECKS.get(key)
         if check is not None:
             check(value)
-    contents: tuple[Content, ...] = ()
-    headers: tuple[tuple[str, str], ...] = ()
-    if element.children:
-        contents = tuple(_content(el) for el in element.iter("content"))
-        if len(contents) > limits.max_contents:
-            raise PayloadTooLarge(f"more than {limits.max_contents} contents in one message")
-        headers = _headers(element, limits.max_headers)
+    if len(contents) > limits.max_contents:
+        raise PayloadTooLarge(f"more than {limits.max_contents} contents in one message")
+    if len(headers) > limits.max_headers:
+        raise PayloadTooLarge(f"more than {limits.max_headers} headers on one element")
     return MessageSpec(
         address=check_address(attrs.get("address", "")),
         props=tuple(props),
-        headers=headers,
-        contents=contents,
+        headers=tuple(headers),
+        contents=tuple(contents),
     )
 
 
+def header(attrs: Mapping[str, str]) -> tuple[str, str]:
+    name = attrs.get("name")
+    if not name:
+        raise BadRequest("every <header> needs a name")
+    return name, attrs.get("value", "")
+
+
 def _headers(element: Element, limit: int) -> tuple[tuple[str, str], ...]:
-    headers = []
-    for header in element.iter("header"):
-        name = header.get("name")
-        if name is None:
-            raise BadRequest("every <header> needs a name")
-        headers.append((name, header.attrs.get("value", "")))
+    headers = tuple(header(child.attrs) for child in element.iter("header"))
     if len(headers) > limit:
         raise PayloadTooLarge(f"more than {limit} headers on one element")
-    return tuple(headers)
+    return headers
 
 
 def _content(element: Element) -> Content:
-    href = element.get("href")
-    if href is not None:
+    attrs = element.attrs
+    return content(attrs.get("href"), attrs.get("type"), attrs.get("encoding"), element.text)
+
+
+def content(href: str | None, type: str | None, encoding: str | None, text: str | None) -> Content:
+    """One ``<content>``: linked when it has an ``href``, else embedded (M5, M6)."""
+    if href:
         return LinkedContent(path=uri_path(href))
-    encoding = element.get("encoding") or "plain"
-    value = element.text or ""
+    encoding = encoding or "plain"
+    value = text or ""
     if encoding == "base64":
         value = "".join(value.split())  # M6, L19: line breaks and indentation
         try:
             binascii.a2b_base64(value, strict_mode=True)
         except ValueError as exc:  # binascii.Error, or non-ASCII text
             raise BadRequest(f"invalid base64 content: {exc}") from exc
-    return EmbeddedContent(
-        type=element.get("type") or DEFAULT_CONTENT_TYPE, encoding=encoding, value=value
-    )
+    return EmbeddedContent(type=type or DEFAULT_CONTENT_TYPE, encoding=encoding, value=value)
 
 
 def _digits(name: str, low: int, high: int | None) -> Callable[[str], None]:

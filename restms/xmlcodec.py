@@ -64,6 +64,13 @@ def _local_name(name: str) -> str:
 
 def parse_xml(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
     """Decode an XML RestTL document, or raise :class:`BadRequest` saying why."""
+    root = parse_root(body)
+    budget = [limits.max_elements]
+    return Document(elements=_children(root, 1, limits.max_depth, budget))
+
+
+def parse_root(body: bytes) -> etree._Element:
+    """Parse with the hardened parser and check the root; the lxml tree, for fast paths."""
     if not body.strip():
         raise BadRequest("empty document: expected <restms> XML")
     try:
@@ -76,14 +83,13 @@ def parse_xml(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
         raise BadRequest("XML documents with a DOCTYPE are not accepted")
     if not isinstance(root.tag, str) or _local_name(root.tag) != ROOT:
         raise BadRequest(f"root element must be <{ROOT}>")
-    budget = [limits.max_elements]
-    return Document(elements=_children(root, 1, limits.max_depth, budget))
+    return root
 
 
 _LOCAL: dict[str, str] = {}  # tag -> local name, for the few tags documents use
 
 
-def _local_tag(tag: str) -> str:
+def local_tag(tag: str) -> str:
     local = _LOCAL.get(tag)
     if local is None:
         local = _local_name(tag)
@@ -105,7 +111,7 @@ def _children(
             raise BadRequest("document has too many elements")
         if depth >= max_depth:
             raise BadRequest(f"document nested deeper than {max_depth} levels")
-        local = _local_tag(tag)
+        local = local_tag(tag)
         attrs: dict[str, str] = dict(child.attrib)  # type: ignore[arg-type]
         for key in attrs:
             if key[0] == "{":  # a namespaced attribute: match on its local name (G3)

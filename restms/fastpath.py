@@ -1,0 +1,147 @@
+"""Publish documents decoded straight to message specs (M5), skipping the Document tree.
+
+Publishing is the hot path: a batch of 100 messages would otherwise be copied twice,
+parser output -> :class:`~restms.document.Element` -> :class:`~restms.specs.MessageSpec`.
+Here the common shape (a root holding ``<message>`` elements whose children are leaf
+``<header>`` and ``<content>`` elements) goes straight to specs through the same
+builders :mod:`restms.specs` uses. Anything else, including every error case, returns
+None and the caller takes the generic path, which stays the one reference for what a
+document means; the tests check that both paths agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from .document import NAMESPACE, ROOT
+from .errors import BadRequest
+from .jsoncodec import is_name, may_hold_controls
+from .media import Format
+from .specs import Content, MessageLimits, MessageSpec, build_message, content, header
+from .xmlcodec import CodecLimits, local_tag, parse_root
+
+
+def messages(
+    body: bytes, fmt: Format, codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...] | None:
+    """The messages of a publish body, or None when the generic path must decide."""
+    if fmt is Format.JSON:
+        return _from_json(body, codec, limits)
+    return _from_xml(body, codec, limits)
+
+
+def _namespaced(attrs: Any) -> bool:
+    return any(key[0] == "{" for key in attrs)
+
+
+def _from_xml(
+    body: bytes, codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...] | None:
+    root = parse_root(body)  # hardening and its errors are the generic path's own
+    if not 0 < len(root) <= min(limits.max_messages, codec.max_elements):
+        return None  # no message, or over a limit: the generic path words the error
+    out: list[MessageSpec] = []
+    elements = 0
+    for node in root:
+        tag = node.tag
+        if not isinstance(tag, str) or local_tag(tag) != "message":
+            return None
+        headers: list[tuple[str, str]] = []
+        contents: list[Content] = []
+        for child in node:
+            kind = child.tag
+            if not isinstance(kind, str) or len(child):
+                return None
+            kind = local_tag(kind)
+            attrs: Any = child.attrib
+            if _namespaced(attrs):
+                return None
+            if kind == "content":
+                contents.append(
+                    content(attrs.get("href"), attrs.get("type"), attrs.get("encoding"), child.text)
+                )
+            elif kind == "header":
+                headers.append(header(attrs))
+            else:
+                return None
+        elements += 1 + len(headers) + len(contents)
+        attrs = node.attrib
+        if _namespaced(attrs):
+            return None
+        out.append(build_message(attrs, headers, contents, limits))
+    return tuple(out) if elements <= codec.max_elements else None
+
+
+def _strings(obj: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, str] | None:
+    """The properties of a JSON element when all are strings (J3), else None."""
+    attrs = {}
+    for key, value in obj.items():
+        if key in skip:
+            continue
+        if not isinstance(value, str) or not is_name(key):
+            return None
+        attrs[key] = value
+    return attrs
+
+
+def _from_json(
+    body: bytes, codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...] | None:
+    if may_hold_controls(body):
+        return None  # strings need the XML character check of the generic path
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    root = data.get("restms") if isinstance(data, dict) else None
+    if not isinstance(root, dict) or len(root) != 1:
+        return None
+    items = root.get("message")
+    if not isinstance(items, list) or not 0 < len(items) <= limits.max_messages:
+        return None
+    out: list[MessageSpec] = []
+    elements = 0
+    for item in items:
+        if not isinstance(item, dict):
+            return None
+        attrs = _strings(item, ("header", "content"))
+        if attrs is None:
+            return None
+        if not isinstance(item.get("header", []), list) or not isinstance(
+            item.get("content", []), list
+        ):
+            return None
+        headers: list[tuple[str, str]] = []
+        contents: list[Content] = []
+        for entry in item.get("header") or ():
+            fields = _strings(entry) if isinstance(entry, dict) else None
+            if fields is None:
+                return None
+            headers.append(header(fields))
+        for entry in item.get("content") or ():
+            fields = _strings(entry) if isinstance(entry, dict) else None
+            if fields is None or ("value" in fields and "#text" in fields):
+                return None
+            text = fields.get("value", fields.get("#text"))
+            contents.append(
+                content(fields.get("href"), fields.get("type"), fields.get("encoding"), text)
+            )
+        elements += 1 + len(headers) + len(contents)
+        out.append(build_message(attrs, headers, contents, limits))
+    return tuple(out) if elements <= codec.max_elements else None
+
+
+def counts(values: list[int], fmt: Format) -> bytes:
+    """The publish reply, ``<message count="N"/>`` per message (F18), encoded directly.
+
+    Equal to encoding the generic document (the tests check it), without building one.
+    """
+    if fmt is Format.JSON:
+        return orjson.dumps({ROOT: {"message": [{"count": str(n)} for n in values]}})
+    return b"".join([_XML_HEAD, *(b'<message count="%d"/>' % n for n in values), _XML_TAIL])
+
+
+_XML_HEAD = f"<?xml version='1.0' encoding='UTF-8'?>\n<{ROOT} xmlns=\"{NAMESPACE}\">".encode()
+_XML_TAIL = f"</{ROOT}>".encode()

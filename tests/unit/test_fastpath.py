@@ -1,0 +1,165 @@
+"""The publish fast path and the generic path always agree (or the fast path defers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from restms import Format, RestMSError, decode, fastpath, specs
+from restms.xmlcodec import CodecLimits
+
+LIMITS = specs.MessageLimits(max_messages=5, max_headers=3, max_contents=3)
+CODEC = CodecLimits(max_depth=4, max_elements=40)
+
+text = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
+names = st.sampled_from(
+    [
+        "address",
+        "message_id",
+        "reply_to",
+        "priority",
+        "delivery_mode",
+        "expiration",
+        "type",
+        "name",
+        "value",
+        "href",
+        "encoding",
+        "x-custom",
+        "bad name",
+        "xmlns",
+    ]
+)
+values = st.one_of(
+    text,
+    st.sampled_from(
+        [
+            "0",
+            "9",
+            "10",
+            "2",
+            "3",
+            "aGk=",
+            "a G\nk=",
+            "!!",
+            "plain",
+            "base64",
+            "/restms/resource/x",
+            "http://h/restms/resource/y",
+            "",
+        ]
+    ),
+    st.integers(-3, 12),
+    st.booleans(),
+    st.none(),
+)
+leaf = st.fixed_dictionaries(
+    {}, optional={k: values for k in ["name", "value", "href", "type", "encoding", "#text"]}
+)
+message = st.dictionaries(names, values, max_size=4).flatmap(
+    lambda attrs: st.fixed_dictionaries(
+        {**{k: st.just(v) for k, v in attrs.items()}},
+        optional={"header": st.lists(leaf, max_size=4), "content": st.lists(leaf, max_size=4)},
+    )
+)
+documents = st.fixed_dictionaries(
+    {"message": st.lists(message, max_size=7)}, optional={"feed": st.lists(leaf, max_size=1)}
+)
+
+
+def _outcome(call):  # type: ignore[no-untyped-def]
+    """The result, or the error's class: both paths must answer with the same status,
+    though the first problem each names may differ (the generic path checks every
+    name before any meaning)."""
+    try:
+        return ("ok", call())
+    except RestMSError as exc:
+        return (type(exc).__name__, exc.status)
+
+
+def _check(body: bytes, fmt: Format) -> None:
+    fast = _outcome(lambda: fastpath.messages(body, fmt, CODEC, LIMITS))
+    if fast == ("ok", None):
+        return  # deferred to the generic path
+    generic = _outcome(lambda: specs.messages(decode(body, fmt, CODEC), LIMITS))
+    assert fast == generic, body
+
+
+def _xml(doc: dict) -> bytes:  # type: ignore[type-arg]
+    from lxml import etree
+
+    root = etree.Element("restms")
+    for tag, items in doc.items():
+        for item in items:
+            node = etree.SubElement(root, tag)
+            for key, value in item.items():
+                if isinstance(value, list):
+                    for child in value:
+                        sub = etree.SubElement(node, key)
+                        for k, v in child.items():
+                            if v is None or k == "#text":
+                                continue
+                            try:
+                                sub.set(k.replace(" ", "_"), str(v))
+                            except ValueError:
+                                return b"<restms/>"
+                        if "#text" in child and isinstance(child["#text"], str):
+                            try:
+                                sub.text = child["#text"]
+                            except ValueError:
+                                return b"<restms/>"
+                elif value is not None:
+                    try:
+                        node.set(key.replace(" ", "_"), str(value))
+                    except ValueError:
+                        return b"<restms/>"
+    return etree.tostring(root)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents)
+def test_json_fast_path_agrees_with_the_generic_path(doc: dict) -> None:  # type: ignore[type-arg]
+    _check(json.dumps({"restms": doc}).encode(), Format.JSON)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents)
+def test_xml_fast_path_agrees_with_the_generic_path(doc: dict) -> None:  # type: ignore[type-arg]
+    _check(_xml(doc), Format.XML)
+
+
+@pytest.mark.parametrize(
+    ("body", "fmt"),
+    [
+        (b'<restms><message address="a"><content>hi</content></message></restms>', Format.XML),
+        (b'{"restms":{"message":[{"address":"a","content":[{"value":"hi"}]}]}}', Format.JSON),
+    ],
+)
+def test_common_shapes_take_the_fast_path(body: bytes, fmt: Format) -> None:
+    result = fastpath.messages(body, fmt, CODEC, LIMITS)
+    assert result is not None
+    assert result == specs.messages(decode(body, fmt, CODEC), LIMITS)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<restms><message><content><x/></content></message></restms>",  # nested: generic
+        b'<restms><feed name="f"/><message/></restms>',  # another element: generic
+        b"<restms/>",  # no message: the generic path words the error
+    ],
+)
+def test_unusual_shapes_defer_to_the_generic_path(body: bytes) -> None:
+    assert fastpath.messages(body, Format.XML, CODEC, LIMITS) is None
+
+
+@pytest.mark.parametrize("fmt", list(Format))
+@pytest.mark.parametrize("values", [[0], [1, 2, 0], list(range(50))])
+def test_F18_direct_count_reply_equals_the_generic_document(values: list[int], fmt: Format) -> None:
+    from gateway import views
+    from restms import encode
+
+    assert fastpath.counts(values, fmt) == encode(views.counts(values), fmt)
