@@ -42,6 +42,8 @@ def _from_xml(
     root = parse_root(body)  # hardening and its errors are the generic path's own
     if not 0 < len(root) <= min(limits.max_messages, codec.max_elements):
         return None  # no message, or over a limit: the generic path words the error
+    # A namespaced attribute needs a declared prefix: without one, skip that check.
+    prefixed = b"xmlns:" in body
     out: list[MessageSpec] = []
     elements = 0
     for node in root:
@@ -56,7 +58,7 @@ def _from_xml(
                 return None
             kind = local_tag(kind)
             attrs: Any = child.attrib
-            if _namespaced(attrs):
+            if prefixed and _namespaced(attrs):
                 return None
             if kind == "content":
                 contents.append(
@@ -68,7 +70,7 @@ def _from_xml(
                 return None
         elements += 1 + len(headers) + len(contents)
         attrs = node.attrib
-        if _namespaced(attrs):
+        if prefixed and _namespaced(attrs):
             return None
         out.append(build_message(attrs, headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None

@@ -163,3 +163,13 @@ def test_F18_direct_count_reply_equals_the_generic_document(values: list[int], f
     from restms import encode
 
     assert fastpath.counts(values, fmt) == encode(views.counts(values), fmt)
+
+
+def test_G3_namespaced_attributes_defer_to_the_generic_path() -> None:
+    body = (
+        b'<restms xmlns:x="urn:x"><message x:address="a">'
+        b'<content x:type="text/plain">hi</content></message></restms>'
+    )
+    assert fastpath.messages(body, Format.XML, CODEC, LIMITS) is None
+    (message,) = specs.messages(decode(body, Format.XML, CODEC), LIMITS)
+    assert message.address == "a"  # matched on the local name (G3)
