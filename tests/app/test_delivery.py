@@ -9,12 +9,12 @@ instead fails fast rather than waiting for ``max_wait``.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Any
 
 import pytest
 
+from tests.app.jsonapi import delete, get, post
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -27,29 +27,6 @@ AT_ONCE = 1.0  # seconds: an answer that must not block gets this long
 
 
 # ---------------------------------------------------------------- helpers
-def body(**children: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"restms": children}).encode()
-
-
-async def post(gw: Gateway, uri: str, **children: list[dict[str, Any]]) -> tuple[int, Any, str]:
-    """POST a JSON document; (status, parsed reply or text, Location)."""
-    async with gw.http.post(uri, data=body(**children), headers=HJ) as r:
-        text = await r.text()
-        parsed = json.loads(text) if r.content_type == JSON else text
-        return r.status, parsed, r.headers.get("Location", "")
-
-
-async def get(gw: Gateway, uri: str) -> tuple[int, Any]:
-    async with gw.http.get(uri, headers=AJ) as r:
-        text = await r.text()
-        return r.status, (json.loads(text) if r.content_type == JSON else text)
-
-
-async def delete(gw: Gateway, uri: str) -> int:
-    async with gw.http.delete(uri) as r:
-        return r.status
-
-
 async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
     """Create a pipe; its element, plus ``uri`` (the Location)."""
     spec = {} if kind is None else {"type": kind}

@@ -9,12 +9,12 @@ whole path a client sees: join validation, the selection rule of the feed type, 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
 from lxml import etree
 
+from tests.app.jsonapi import body, delete, get, post
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -28,29 +28,6 @@ AMQP9_TYPES = ("fanout", "direct", "topic", "headers", "rotator", "service")
 
 
 # ---------------------------------------------------------------- helpers
-def body(**children: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"restms": children}).encode()
-
-
-async def post(gw: Gateway, uri: str, **children: list[dict[str, Any]]) -> tuple[int, Any, str]:
-    """POST a JSON document; (status, parsed reply or text, Location)."""
-    async with gw.http.post(uri, data=body(**children), headers=HJ) as r:
-        text = await r.text()
-        parsed = json.loads(text) if r.content_type == JSON else text
-        return r.status, parsed, r.headers.get("Location", "")
-
-
-async def get(gw: Gateway, uri: str) -> tuple[int, Any]:
-    async with gw.http.get(uri, headers=AJ) as r:
-        text = await r.text()
-        return r.status, (json.loads(text) if r.content_type == JSON else text)
-
-
-async def delete(gw: Gateway, uri: str) -> int:
-    async with gw.http.delete(uri) as r:
-        return r.status
-
-
 async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
     spec = {} if kind is None else {"type": kind}
     status, reply, location = await post(gw, DOMAIN, pipe=[spec])

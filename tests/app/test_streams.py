@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.app.jsonapi import body, get
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -35,16 +36,6 @@ STEP = 1.0  # seconds any single event or part may take to arrive
 
 
 # ---------------------------------------------------------------- helpers
-def body(**children: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"restms": children}).encode()
-
-
-async def get(gw: Gateway, uri: str) -> tuple[int, Any]:
-    async with gw.http.get(uri, headers=AJ) as r:
-        text = await r.text()
-        return r.status, (json.loads(text) if r.content_type == JSON else text)
-
-
 async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
     spec = {} if kind is None else {"type": kind}
     async with gw.http.post(DOMAIN, data=body(pipe=[spec]), headers=HJ) as r:
