@@ -55,6 +55,7 @@ from .model import (
     Watchable,
 )
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
+from .selection import capacity, eligible, matching
 
 log = logging.getLogger(__name__)
 
@@ -368,7 +369,7 @@ class Engine:
         """Route messages in order; returns the join count for each (F18, F20)."""
         _alive(feed)
         if feed.type in QUEUEING_TYPES:
-            would_queue = len(messages) - self._capacity(feed)
+            would_queue = len(messages) - capacity(feed, self.config.max_pipe_messages)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
                 raise ServiceUnavailable(
                     f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
@@ -417,14 +418,14 @@ class Engine:
 
     def _route(self, feed: Feed, spec: MessageSpec, parts: list[Part | None], now: float) -> int:
         if feed.type in QUEUEING_TYPES:
-            join = self._eligible(feed)
+            join = eligible(feed, self.config.max_pipe_messages)
             if join is None:
                 feed.queue.append((spec, parts))
                 self.counters.queued += 1
                 return 0
             self._deliver(join.pipe, spec, parts, feed, now)
             return 1
-        joins = self._matching(feed, spec)
+        joins = matching(feed, spec)
         if not joins:
             return 0
         count = 0
@@ -445,56 +446,6 @@ class Engine:
             self._deliver(pipe, spec, parts, feed, now)
         return count
 
-    def _matching(self, feed: Feed, spec: MessageSpec) -> list[Join]:
-        kind = feed.type
-        if kind in INDEXED_TYPES:
-            return feed.by_address.get(spec.address, [])
-        if kind == "topic":
-            cached = feed.topic_cache.get(spec.address)
-            if cached is None:
-                cached = [
-                    j for j in feed.joins.values() if j.match is None or j.match(spec.address, {})
-                ]
-                if len(feed.topic_cache) >= 1024:
-                    feed.topic_cache.clear()
-                feed.topic_cache[spec.address] = cached
-            return cached
-        if kind == "fanout":
-            return list(feed.joins.values())
-        header_map = spec.header_map if kind == "headers" else {}
-        return [
-            j for j in feed.joins.values() if j.match is None or j.match(spec.address, header_map)
-        ]
-
-    def _capacity(self, feed: Feed) -> int:
-        """How many messages the pipes joined to a rotator/service feed can take now."""
-        limit = self.config.max_pipe_messages
-        room = 0
-        for pipe in {join.pipe for join in feed.joins.values()}:
-            if pipe.type == "ondemand":
-                room += 1 if pipe.demand > 0 and not pipe.messages else 0
-            else:
-                room += max(0, limit - len(pipe.messages))
-        return room
-
-    def _eligible(self, feed: Feed) -> Join | None:
-        """Rotator/service: the next join in round-robin order whose pipe can take one."""
-        joins = list(feed.joins.values())
-        if not joins:
-            return None
-        limit = self.config.max_pipe_messages
-        for step in range(len(joins)):
-            join = joins[(feed.rr + step) % len(joins)]
-            pipe = join.pipe
-            if pipe.type == "ondemand":
-                ok = pipe.demand > 0 and not pipe.messages
-            else:
-                ok = len(pipe.messages) < limit
-            if ok:
-                feed.rr = (feed.rr + step + 1) % len(joins)
-                return join
-        return None
-
     def _deliver(
         self, pipe: Pipe, spec: MessageSpec, parts: list[Part | None], feed: Feed, now: float
     ) -> None:
@@ -514,7 +465,7 @@ class Engine:
         """F8: hand queued messages to eligible pipes, in order."""
         now = self._wall()
         while feed.queue and not feed.deleted:
-            join = self._eligible(feed)
+            join = eligible(feed, self.config.max_pipe_messages)
             if join is None:
                 return
             spec, parts = feed.queue.popleft()
