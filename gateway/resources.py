@@ -109,10 +109,7 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
         )
     fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
     config = request.app[CONFIG]
-    limits = config.limits
-    messages = fastpath.messages(body, body_fmt, config.codec, limits)
-    if messages is None:  # an unusual shape, or an error to word: the generic path
-        messages = specs.messages(http.decode(request, body, body_fmt), limits)
+    messages = fastpath.messages(body, body_fmt, config.codec, config.limits)
     counts = engine.publish(feed, messages)
     return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
 

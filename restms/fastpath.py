@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from . import decode, specs
 from .document import NAMESPACE, ROOT
 from .errors import BadRequest
 from .jsoncodec import is_name, may_hold_controls
@@ -24,6 +25,16 @@ from .xmlcodec import CodecLimits, local_tag, parse_root
 
 
 def messages(
+    body: bytes, fmt: Format, codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...]:
+    """Every message of a publish body (M5, M12): directly when it can, else generically."""
+    found = direct(body, fmt, codec, limits)
+    if found is None:  # an unusual shape, or an error to word: the generic path decides
+        found = specs.messages(decode(body, fmt, codec), limits)
+    return found
+
+
+def direct(
     body: bytes, fmt: Format, codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
     """The messages of a publish body, or None when the generic path must decide."""
