@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from restms.errors import BadRequest
 from restms.specs import FeedSpec
@@ -70,4 +70,3 @@ class Counters:
     requeued: int = 0
     discarded: int = 0
     expired: int = 0
-    by_type: dict[str, int] = field(default_factory=dict)

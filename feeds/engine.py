@@ -38,7 +38,7 @@ from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
 from restms.specs import FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec, Update
 from restms.uris import split_path
 
-from .config import DEFAULT_DOMAIN, DEFAULT_FEED, Counters, EngineConfig, FeedConfig
+from .config import DEFAULT_FEED, Counters, EngineConfig, FeedConfig
 from .model import (
     Blob,
     Clock,
@@ -201,7 +201,7 @@ class Engine:
         for join in list(feed.joins.values()):
             self._unlink(join, now, cascade=False)
         for staged in list(feed.staged.values()):
-            self._drop_staged(staged)
+            self.delete_staged(staged)
         self.counters.discarded += len(feed.queue)
         feed.queue.clear()
         if feed.public:
@@ -342,9 +342,6 @@ class Engine:
         return staged
 
     def delete_staged(self, staged: StagedContent) -> None:
-        self._drop_staged(staged)
-
-    def _drop_staged(self, staged: StagedContent) -> None:
         if staged.deleted:
             return
         staged.deleted = True
@@ -360,7 +357,7 @@ class Engine:
             s for s in self._private.values() if isinstance(s, StagedContent) and s.expires <= now
         ]
         for staged in expired:
-            self._drop_staged(staged)
+            self.delete_staged(staged)
         self.counters.staged_expired += len(expired)
         return len(expired)
 
@@ -406,7 +403,7 @@ class Engine:
                 parts.append(staged.blob)
             out.append(parts)
         for staged in claimed.values():
-            self._drop_staged(staged)
+            self.delete_staged(staged)
         return out
 
     def _staged_at(self, path: str) -> StagedContent | None:
@@ -598,6 +595,3 @@ def _alive(resource: Watchable) -> None:
     """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
     if resource.deleted:
         raise NotFound("the resource was deleted")
-
-
-__all__ = ["DEFAULT_DOMAIN", "DEFAULT_FEED", "Counters", "Engine", "EngineConfig", "FeedConfig"]

@@ -48,6 +48,8 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
+        # The last resort: a bug, not bad input (bad input raises RestMSError above).
+        # Logged with its traceback and answered 500; the fuzz test keeps this unreached.
         log.exception("unhandled error on %s %s", request.method, request.path)
         return text_reply(500, "internal error; it has been logged")
 

@@ -147,8 +147,3 @@ def _embedded(blob: Blob) -> Element:
 
 def message(base: Base, p: Pipe, m: Message, *, embed: bool = False) -> Document:
     return doc(message_element(base, p, m, embed=embed))
-
-
-def counts(values: list[int]) -> Document:
-    """F18, F20: one ``<message count>`` per posted message."""
-    return Document(elements=tuple(Element("message", {"count": str(n)}) for n in values))

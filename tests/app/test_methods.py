@@ -17,7 +17,7 @@ from lxml import etree
 from multidict import CIMultiDictProxy
 from yarl import URL
 
-from feeds.engine import FeedConfig
+from feeds import FeedConfig
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"

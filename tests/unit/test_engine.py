@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from feeds.engine import Engine, EngineConfig
+from feeds import Engine, EngineConfig
 from feeds.model import Blob, Feed, Join, PartRef, Pipe, Slot, StagedContent
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
 from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec
