@@ -10,7 +10,6 @@ Unknown keys are an error: a typo must not silently fall back to a default.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auth import is_loopback
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -113,15 +113,6 @@ class Config:
             staged_ttl=self.staged_ttl,
             max_staged_bytes=self.max_staged_bytes,
         )
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 _SCALARS = {

@@ -10,19 +10,17 @@
 from __future__ import annotations
 
 import asyncio
-import functools
-import ipaddress
 import logging
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from auth import principal_for
 from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable
 
 from .keys import CONFIG, PRINCIPAL
 
 log = logging.getLogger(__name__)
-GUEST = "guest"
 
 
 def text_reply(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -54,19 +52,10 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return text_reply(500, "internal error; it has been logged")
 
 
-@functools.lru_cache(maxsize=4096)
-def _is_loopback(host: str | None) -> bool:
-    if not host:
-        return False
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host.startswith("/")  # a Unix socket peer is local
-
-
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.app[CONFIG].insecure or _is_loopback(request.remote):
-        request[PRINCIPAL] = GUEST
-        return await handler(request)
-    return text_reply(401, "authentication required: only loopback clients act as guest")
+    principal = principal_for(request.remote, insecure=request.app[CONFIG].insecure)
+    if principal is None:
+        return text_reply(401, "authentication required: only loopback clients act as guest")
+    request[PRINCIPAL] = principal
+    return await handler(request)

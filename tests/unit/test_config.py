@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.config import Config, ConfigError, is_loopback, load
+from auth import is_loopback
+from gateway.config import Config, ConfigError, load
 
 
 def test_defaults_listen_on_loopback_8080_with_var_data_dir() -> None:
