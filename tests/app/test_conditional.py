@@ -11,13 +11,12 @@ import dataclasses
 import json
 import re
 import time
-from email.utils import formatdate, parsedate_to_datetime
+from email.utils import formatdate
 
 import pytest
 from lxml import etree
-from multidict import CIMultiDictProxy
-from yarl import URL
 
+from tests.app.xmlapi import Reply, call, doc
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"
@@ -26,53 +25,6 @@ DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 RFC1123 = re.compile(r"[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT")
 HELD = 0.15  # how long a GET must stay unanswered to count as waiting
-
-
-@dataclasses.dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def top(self) -> etree._Element:
-        root = etree.fromstring(self.body)
-        assert len(root) == 1
-        return root[0]
-
-    @property
-    def etag(self) -> str:
-        return self.headers["ETag"]
-
-    @property
-    def modified(self) -> float:
-        return parsedate_to_datetime(self.headers["Last-Modified"]).timestamp()
-
-    def assert_text_error(self, status: int) -> None:
-        assert self.status == status, (self.status, self.body)
-        assert self.headers["Content-Type"].startswith("text/plain")
-        assert self.body.strip()
-
-
-async def call(
-    gw: Gateway,
-    method: str,
-    url: str,
-    body: str | bytes | None = None,
-    *,
-    content_type: str = XML,
-    **headers: str,
-) -> Reply:
-    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
-    if body is not None:
-        hdrs["Content-Type"] = content_type
-    data = body.encode() if isinstance(body, str) else body
-    path = URL(url).raw_path_qs if URL(url).is_absolute() else url
-    async with gw.http.request(method, path, data=data, headers=hdrs) as r:
-        return Reply(r.status, r.headers, await r.read())
-
-
-def doc(inner: str) -> str:
-    return f'<restms xmlns="http://www.restms.org/schema/restms">{inner}</restms>'
 
 
 def http_date(ts: float) -> str:

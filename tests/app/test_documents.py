@@ -8,15 +8,13 @@ replies keep the J1-J3 shape for every document the server sends.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
 import pytest
 from lxml import etree
-from multidict import CIMultiDictProxy
-from yarl import URL
 
+from tests.app.xmlapi import Reply, call, doc, local
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"
@@ -28,68 +26,8 @@ DEFAULT_FEED = "/restms/feed/default"
 XML_TYPES = (XML, "text/xml")
 
 
-@dataclasses.dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    @property
-    def media_type(self) -> str:
-        return self.headers.get("Content-Type", "").split(";")[0].strip()
-
-    def root(self) -> etree._Element:
-        assert self.media_type in XML_TYPES, self.media_type
-        return etree.fromstring(self.body)
-
-    def top(self) -> etree._Element:
-        root = self.root()
-        assert len(root) == 1, self.body
-        return root[0]
-
-    def json(self) -> Any:
-        assert self.media_type == JSON, self.media_type
-        return json.loads(self.body)
-
-    def assert_text_error(self, status: int) -> None:
-        assert self.status == status, (self.status, self.body)
-        assert self.media_type == "text/plain"
-        assert self.body.strip()
-
-
-async def call(
-    gw: Gateway,
-    method: str,
-    url: str,
-    body: str | bytes | None = None,
-    *,
-    content_type: str | None = XML,
-    **headers: str,
-) -> Reply:
-    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
-    skip: list[str] = []
-    if body is not None:
-        if content_type is None:
-            skip.append("Content-Type")
-        else:
-            hdrs["Content-Type"] = content_type
-    data = body.encode() if isinstance(body, str) else body
-    path = URL(url).raw_path_qs if URL(url).is_absolute() else url
-    async with gw.http.request(method, path, data=data, headers=hdrs, skip_auto_headers=skip) as r:
-        return Reply(r.status, r.headers, await r.read())
-
-
-def doc(inner: str, ns: str | None = NS) -> str:
-    xmlns = f' xmlns="{ns}"' if ns else ""
-    return f'<?xml version="1.0"?><restms{xmlns}>{inner}</restms>'
-
-
 def jdoc(tag: str, **attrs: Any) -> str:
     return json.dumps({"restms": {tag: [attrs]}})
-
-
-def local(el: etree._Element) -> str:
-    return etree.QName(el).localname
 
 
 def children(el: etree._Element, tag: str) -> list[etree._Element]:

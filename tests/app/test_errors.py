@@ -13,9 +13,9 @@ import random
 from collections.abc import AsyncIterator
 
 import pytest
-from multidict import CIMultiDictProxy
 from yarl import URL
 
+from tests.app.xmlapi import Reply, call, doc
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"
@@ -23,62 +23,6 @@ JSON = "application/restms+json"
 DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 NS = "http://www.restms.org/schema/restms"
-
-
-@dataclasses.dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def assert_text_error(self, status: int) -> None:
-        assert self.status == status, (self.status, self.body)
-        self.assert_sane()
-
-    def assert_sane(self) -> None:
-        """Never a 500; every error is a short text/plain sentence (S4)."""
-        assert self.status != 500, self.body
-        assert self.status < 500 or self.status == 503, (self.status, self.body)
-        if self.status >= 400:
-            assert self.headers["Content-Type"].startswith("text/plain"), self.headers
-            text = self.body.decode("utf-8").strip()
-            assert text, "an error needs a reason"
-            assert not text.lower().startswith(("<?xml", "<restms", "<html", "<!doctype")), text
-            assert not looks_like_json(text), text
-
-
-def looks_like_json(text: str) -> bool:
-    try:
-        return isinstance(json.loads(text), dict | list)
-    except ValueError:
-        return False
-
-
-async def call(
-    gw: Gateway,
-    method: str,
-    url: str,
-    body: str | bytes | None = None,
-    *,
-    content_type: str | None = XML,
-    **headers: str,
-) -> Reply:
-    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
-    skip: list[str] = []
-    if body is not None:
-        if content_type is None:
-            skip.append("Content-Type")
-        else:
-            hdrs["Content-Type"] = content_type
-    data = body.encode() if isinstance(body, str) else body
-    async with gw.http.request(
-        method, URL(url, encoded=True), data=data, headers=hdrs, skip_auto_headers=skip
-    ) as r:
-        return Reply(r.status, r.headers, await r.read())
-
-
-def doc(inner: str) -> str:
-    return f'<restms xmlns="{NS}">{inner}</restms>'
 
 
 @dataclasses.dataclass

@@ -14,10 +14,9 @@ import re
 
 import pytest
 from lxml import etree
-from multidict import CIMultiDictProxy
-from yarl import URL
 
 from feeds import FeedConfig
+from tests.app.xmlapi import call, doc, local
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"
@@ -28,55 +27,6 @@ XML_TYPES = (XML, "text/xml")
 
 
 # ---------------------------------------------------------------- helpers
-@dataclasses.dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def top(self) -> etree._Element:
-        """The single resource element directly under ``<restms>``."""
-        root = etree.fromstring(self.body)
-        assert etree.QName(root).localname == "restms"
-        assert len(root) == 1, self.body
-        return root[0]
-
-    def children(self, tag: str) -> list[etree._Element]:
-        return [c for c in self.top() if etree.QName(c).localname == tag]
-
-    def assert_text_error(self, status: int) -> None:
-        assert self.status == status, (self.status, self.body)
-        assert self.headers["Content-Type"].startswith("text/plain")
-        assert self.body.strip(), "an error body must give a reason"
-
-
-async def call(
-    gw: Gateway,
-    method: str,
-    url: str,
-    body: str | bytes | None = None,
-    *,
-    content_type: str | None = XML,
-    **headers: str,
-) -> Reply:
-    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
-    if body is not None and content_type is not None:
-        hdrs["Content-Type"] = content_type
-    data = body.encode() if isinstance(body, str) else body
-    # Absolute URIs may name another host (U4 tests); always talk to this gateway.
-    path = URL(url).raw_path_qs if URL(url).is_absolute() else url
-    async with gw.http.request(method, path, data=data, headers=hdrs) as r:
-        return Reply(r.status, r.headers, await r.read())
-
-
-def doc(inner: str) -> str:
-    return (
-        f'<?xml version="1.0"?><restms xmlns="http://www.restms.org/schema/restms">{inner}</restms>'
-    )
-
-
-def local(el: etree._Element) -> str:
-    return etree.QName(el).localname
 
 
 @dataclasses.dataclass

@@ -14,9 +14,9 @@ import json
 
 import pytest
 from lxml import etree
-from multidict import CIMultiDictProxy
 from yarl import URL
 
+from tests.app.xmlapi import call, doc
 from tests.conftest import Gateway, MakeGateway
 
 XML = "application/restms+xml"
@@ -24,55 +24,6 @@ JSON = "application/restms+json"
 DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 FEED = "/restms/feed/pub"
-
-
-@dataclasses.dataclass
-class Reply:
-    status: int
-    headers: CIMultiDictProxy[str]
-    body: bytes
-
-    def elements(self) -> list[etree._Element]:
-        return list(etree.fromstring(self.body))
-
-    def top(self) -> etree._Element:
-        elements = self.elements()
-        assert len(elements) == 1, self.body
-        return elements[0]
-
-    def counts(self) -> list[str]:
-        return [el.get("count") for el in self.elements()]
-
-    def assert_text_error(self, status: int) -> None:
-        assert self.status == status, (self.status, self.body)
-        assert self.headers["Content-Type"].startswith("text/plain")
-        assert self.body.strip()
-
-
-async def call(
-    gw: Gateway,
-    method: str,
-    url: str,
-    body: str | bytes | None = None,
-    *,
-    content_type: str | None = XML,
-    **headers: str,
-) -> Reply:
-    hdrs = {k.replace("_", "-"): v for k, v in headers.items()}
-    skip: list[str] = []
-    if body is not None:
-        if content_type is None:
-            skip.append("Content-Type")
-        else:
-            hdrs["Content-Type"] = content_type
-    data = body.encode() if isinstance(body, str) else body
-    path = URL(url).raw_path_qs if URL(url).is_absolute() else url
-    async with gw.http.request(method, path, data=data, headers=hdrs, skip_auto_headers=skip) as r:
-        return Reply(r.status, r.headers, await r.read())
-
-
-def doc(inner: str) -> str:
-    return f'<restms xmlns="http://www.restms.org/schema/restms">{inner}</restms>'
 
 
 def message(address: str = "a", *hrefs: str, text: str | None = None) -> str:
