@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.app.jsonapi import delete, get, post
+from tests.app.jsonapi import delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -27,33 +27,12 @@ AT_ONCE = 1.0  # seconds: an answer that must not block gets this long
 
 
 # ---------------------------------------------------------------- helpers
-async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
-    """Create a pipe; its element, plus ``uri`` (the Location)."""
-    spec = {} if kind is None else {"type": kind}
-    status, reply, location = await post(gw, DOMAIN, pipe=[spec])
-    assert status == 201, reply
-    pipe: dict[str, Any] = reply["restms"]["pipe"][0]
-    pipe["uri"] = location
-    return pipe
 
 
 async def new_feed(gw: Gateway, name: str, kind: str = "") -> str:
     status, reply, location = await post(gw, DOMAIN, feed=[{"name": name, "type": kind}])
     assert status in (200, 201), reply
     return location
-
-
-async def join(gw: Gateway, pipe: dict[str, Any], feed: str, address: str = "") -> str:
-    status, reply, location = await post(gw, pipe["uri"], join=[{"feed": feed, "address": address}])
-    assert status == 201, reply
-    return location
-
-
-async def publish(gw: Gateway, feed: str, *messages: dict[str, Any]) -> list[int]:
-    status, reply, location = await post(gw, feed, message=list(messages))
-    assert status == 200, reply
-    assert location == ""  # M11
-    return [int(m["count"]) for m in reply["restms"].get("message", [])]
 
 
 async def listing(gw: Gateway, pipe: dict[str, Any]) -> list[dict[str, Any]]:

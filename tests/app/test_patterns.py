@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from tests.app.jsonapi import delete, get, post
+from tests.app.jsonapi import delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -35,34 +35,6 @@ JOBS = 60
 
 
 # ---------------------------------------------------------------- helpers
-async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
-    spec = {} if kind is None else {"type": kind}
-    status, reply, location = await post(gw, DOMAIN, pipe=[spec])
-    assert status == 201, reply
-    pipe: dict[str, Any] = reply["restms"]["pipe"][0]
-    pipe["uri"] = location
-    return pipe
-
-
-async def join(
-    gw: Gateway,
-    pipe: dict[str, Any],
-    feed: str,
-    address: str = "",
-    headers: dict[str, str] | None = None,
-) -> str:
-    spec: dict[str, Any] = {"feed": feed, "address": address}
-    if headers:
-        spec["header"] = [{"name": k, "value": v} for k, v in headers.items()]
-    status, reply, location = await post(gw, pipe["uri"], join=[spec])
-    assert status == 201, reply
-    return location
-
-
-async def publish(gw: Gateway, feed: str, *messages: dict[str, Any]) -> list[int]:
-    status, reply, _ = await post(gw, feed, message=list(messages))
-    assert status == 200, reply
-    return [int(m["count"]) for m in reply["restms"].get("message", [])]
 
 
 async def pipe_messages(gw: Gateway, pipe: dict[str, Any]) -> list[dict[str, Any]] | None:

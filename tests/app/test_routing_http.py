@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from tests.app.jsonapi import body, delete, get, post
+from tests.app.jsonapi import body, delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -28,40 +28,12 @@ AMQP9_TYPES = ("fanout", "direct", "topic", "headers", "rotator", "service")
 
 
 # ---------------------------------------------------------------- helpers
-async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
-    spec = {} if kind is None else {"type": kind}
-    status, reply, location = await post(gw, DOMAIN, pipe=[spec])
-    assert status == 201, reply
-    pipe: dict[str, Any] = reply["restms"]["pipe"][0]
-    pipe["uri"] = location
-    return pipe
 
 
 async def new_feed(gw: Gateway, name: str, kind: str = "") -> str:
     status, reply, location = await post(gw, DOMAIN, feed=[{"name": name, "type": kind}])
     assert status == 201, reply
     return location
-
-
-async def join(
-    gw: Gateway,
-    pipe: dict[str, Any],
-    feed: str,
-    address: str = "",
-    headers: dict[str, str] | None = None,
-) -> str:
-    spec: dict[str, Any] = {"feed": feed, "address": address}
-    if headers:
-        spec["header"] = [{"name": k, "value": v} for k, v in headers.items()]
-    status, reply, location = await post(gw, pipe["uri"], join=[spec])
-    assert status == 201, reply
-    return location
-
-
-async def publish(gw: Gateway, feed: str, *messages: dict[str, Any]) -> list[int]:
-    status, reply, _ = await post(gw, feed, message=list(messages))
-    assert status == 200, reply
-    return [int(m["count"]) for m in reply["restms"].get("message", [])]
 
 
 async def held(gw: Gateway, pipe: dict[str, Any]) -> list[dict[str, Any]]:

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.app.jsonapi import body, get
+from tests.app.jsonapi import body, get, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
 JSON = "application/restms+json"
@@ -36,13 +36,6 @@ STEP = 1.0  # seconds any single event or part may take to arrive
 
 
 # ---------------------------------------------------------------- helpers
-async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
-    spec = {} if kind is None else {"type": kind}
-    async with gw.http.post(DOMAIN, data=body(pipe=[spec]), headers=HJ) as r:
-        assert r.status == 201
-        pipe: dict[str, Any] = (await r.json(content_type=JSON))["restms"]["pipe"][0]
-        pipe["uri"] = r.headers["Location"]
-    return pipe
 
 
 async def send(gw: Gateway, pipe: dict[str, Any], *values: str) -> None:
