@@ -14,14 +14,10 @@ from typing import Any
 
 import pytest
 
-from tests.app.jsonapi import delete, get, join, new_pipe, post, publish
+from tests.app.jsonapi import AJ, DOMAIN, JSON, delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
-JSON = "application/restms+json"
 XML = "application/restms+xml"
-HJ = {"Content-Type": JSON, "Accept": JSON}
-AJ = {"Accept": JSON}
-DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 AT_ONCE = 1.0  # seconds: an answer that must not block gets this long
 

@@ -14,14 +14,10 @@ from typing import Any
 import pytest
 from lxml import etree
 
-from tests.app.jsonapi import body, delete, get, join, new_pipe, post, publish
+from tests.app.jsonapi import DOMAIN, HJ, JSON, body, delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
-JSON = "application/restms+json"
 XML = "application/restms+xml"
-HJ = {"Content-Type": JSON, "Accept": JSON}
-AJ = {"Accept": JSON}
-DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 NS = "http://www.restms.org/schema/restms"
 AMQP9_TYPES = ("fanout", "direct", "topic", "headers", "rotator", "service")

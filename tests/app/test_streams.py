@@ -23,14 +23,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.app.jsonapi import body, get, new_pipe
+from tests.app.jsonapi import AJ, DOMAIN, HJ, JSON, body, get, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
-JSON = "application/restms+json"
-HJ = {"Content-Type": JSON, "Accept": JSON}
-AJ = {"Accept": JSON}
 SSE = {"Accept": "text/event-stream"}
-DOMAIN = "/restms/domain/default"
 DEFAULT_FEED = "/restms/feed/default"
 STEP = 1.0  # seconds any single event or part may take to arrive
 
