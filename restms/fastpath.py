@@ -22,6 +22,7 @@ from .jsoncodec import is_name, may_hold_controls
 from .media import Format
 from .specs import Content, MessageLimits, MessageSpec, build_message, content, header
 from .xmlcodec import CodecLimits, local_tag, parse_root
+from .xmlscan import Scanned, scan
 
 
 def messages(
@@ -48,6 +49,34 @@ def _namespaced(attrs: Any) -> bool:
 
 
 def _from_xml(
+    body: bytes, codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...] | None:
+    scanned = scan(body)
+    if scanned is not None:
+        return _from_scan(scanned, codec, limits)
+    return _from_tree(body, codec, limits)
+
+
+def _from_scan(
+    scanned: list[Scanned], codec: CodecLimits, limits: MessageLimits
+) -> tuple[MessageSpec, ...] | None:
+    """The plain shape :func:`~restms.xmlscan.scan` recognised, under the same limits."""
+    if not 0 < len(scanned) <= min(limits.max_messages, codec.max_elements):
+        return None
+    out: list[MessageSpec] = []
+    elements = 0
+    for attrs, header_attrs, content_items in scanned:
+        headers = [header(item) for item in header_attrs]
+        contents = [
+            content(item.get("href"), item.get("type"), item.get("encoding"), text)
+            for item, text in content_items
+        ]
+        elements += 1 + len(headers) + len(contents)
+        out.append(build_message(attrs, headers, contents, limits))
+    return tuple(out) if elements <= codec.max_elements else None
+
+
+def _from_tree(
     body: bytes, codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
     root = parse_root(body)  # hardening and its errors are the generic path's own

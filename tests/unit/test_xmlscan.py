@@ -1,0 +1,263 @@
+"""The plain-shape recogniser either gives up or says exactly what lxml says.
+
+Differential tests: documents are written as raw text from a grammar that mixes the
+plain shape with everything the recogniser must not accept (entities, references,
+controls, CR, tabs in attributes, ``]]>``, comments, DOCTYPEs, prefixes, duplicates,
+odd declarations). Whenever :func:`restms.xmlscan.scan` answers, the hardened lxml
+parser must accept the same bytes and find the same messages, attributes and texts.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from lxml import etree
+
+from restms import RestMSError
+from restms.xmlcodec import local_tag, parse_root
+from restms.xmlscan import MAX_BODY, scan
+
+
+def _lxml_view(body: bytes) -> list[tuple[dict[str, str], list[dict[str, str]], list[tuple]]]:
+    """What lxml finds, in the recogniser's terms (raises on what lxml refuses)."""
+    root = parse_root(body)
+    out = []
+    assert root.text is None or not root.text.strip()
+    for node in root:
+        assert local_tag(node.tag) == "message"
+        assert node.text is None or not node.text.strip()
+        headers, contents = [], []
+        for child in node:
+            attrs = dict(child.attrib)
+            if local_tag(child.tag) == "header":
+                headers.append(attrs)
+            else:
+                assert local_tag(child.tag) == "content"
+                contents.append((attrs, child.text))
+            assert child.tail is None or not child.tail.strip()
+        out.append((dict(node.attrib), headers, contents))
+    return out
+
+
+def _agrees(body: bytes) -> bool:
+    """True when the recogniser answered (and then it must equal lxml)."""
+    found = scan(body)
+    if found is None:
+        return False
+    assert found == _lxml_view(body), body
+    return True
+
+
+# ---------------------------------------------------------------- the grammar
+tricky = st.sampled_from(
+    [
+        "a",
+        " ",
+        "\n",
+        "\t",
+        "\r",
+        "\r\n",
+        "&amp;",
+        "&lt;",
+        "&gt;",
+        "&quot;",
+        "&apos;",
+        "&",
+        "&#65;",
+        "&#x41;",
+        "&nbsp;",
+        "&amp",
+        "<",
+        ">",
+        "]]>",
+        "]]",
+        "'",
+        '"',
+        "\x01",
+        "\x0b",
+        "\x7f",
+        "\x85",
+        "\ufffe",
+        "\uffff",
+        "\ufeff",
+        "é",
+        "\U0001d11e",
+        "<!--c-->",
+        "<![CDATA[x]]>",
+        "<?pi x?>",
+    ]
+)
+plain = st.text(
+    st.characters(codec="utf-8", exclude_characters="<&]\ufffe\uffff", min_codepoint=32),
+    max_size=8,
+)
+# Mostly plain text, with one hostile piece in about a third of the texts.
+texts = st.one_of(plain, plain, st.lists(st.one_of(plain, tricky), max_size=4).map("".join))
+spaces = st.sampled_from(["", " ", "\n  ", "\t"])  # CR: in the hostile pieces
+safe_names = st.sampled_from(["address", "type", "name", "value", "encoding", "x-y", "a.b"])
+names = st.one_of(
+    st.sampled_from(["address", "type", "name", "value", "encoding", "x-y", "a.b", "_u"]),
+    st.sampled_from(["xmlns", "p:q", "type"]),
+)
+
+
+@st.composite
+def attributes(draw: st.DrawFn, hostile: bool) -> str:
+    out = []
+    for name in draw(st.lists(names if hostile else safe_names, max_size=3, unique=not hostile)):
+        quote = draw(st.sampled_from(['"', "'"]))
+        value = draw(texts if hostile else plain).replace(quote, "")
+        out.append(
+            f"{draw(st.sampled_from([' ', '  ', chr(10)]))}{name}{draw(spaces)}="
+            f"{draw(spaces)}{quote}{value}{quote}"
+        )
+    return "".join(out) + draw(spaces)
+
+
+@st.composite
+def children(draw: st.DrawFn, hostile: bool) -> str:
+    tag = draw(st.sampled_from(["content", "header", "feed"] if hostile else ["content", "header"]))
+    attrs = draw(attributes(hostile))
+    if draw(st.booleans()):
+        return f"{draw(spaces)}<{tag}{attrs}/>"
+    text = draw(texts if hostile else plain)
+    return f"{draw(spaces)}<{tag}{attrs}>{text}</{tag}{draw(spaces)}>"
+
+
+@st.composite
+def messages(draw: st.DrawFn, hostile: bool) -> str:
+    attrs = draw(attributes(hostile))
+    if draw(st.booleans()):
+        return f"{draw(spaces)}<message{attrs}/>"
+    inner = "".join(draw(st.lists(children(hostile), max_size=3)))
+    between = draw(st.sampled_from(["", " ", "x"] if hostile else ["", " \n"]))
+    return f"{draw(spaces)}<message{attrs}>{between}{inner}{draw(spaces)}</message>"
+
+
+declarations_plain = [
+    "",
+    "<?xml version='1.0' encoding='UTF-8'?>\n",
+    '<?xml version="1.0"?>',
+    '<?xml version="1.0" encoding="utf-8" standalone="yes"?>',
+]
+declarations = st.sampled_from(
+    [
+        "<?xml version='1.0' encoding='UTF-8'?>\n",
+        '<?xml version="1.0"?>',
+        '<?xml version="1.0" encoding="utf-8" standalone="yes"?>',
+        '<?xml version="1.0" encoding="ISO-8859-1"?>',
+        '<?xml version="1.1"?>',
+        " <?xml version='1.0'?>",
+        "<!DOCTYPE restms>",
+        '<!DOCTYPE r [<!ENTITY e "x">]>',
+        "<!-- c -->",
+        "\ufeff",
+    ]
+)
+roots_plain = [
+    "<restms>",
+    '<restms xmlns="http://www.restms.org/schema/restms">',
+    "<restms xmlns = 'http://www.restms.org/schema/restms' >",
+]
+roots = st.sampled_from(
+    [
+        '<restms xmlns="http://www.restms.org/schema/restms">',
+        "<restms xmlns='urn:x'>",
+        '<restms xmlns=" http://www.restms.org/schema/restms">',
+        "<restms xmlns='http://www.restms.org/schema/restms\">",
+        '<restms xmlns="a&amp;b">',
+        '<restms xmlns:p="urn:p">',
+        "<restms a='1'>",
+        "<r:restms xmlns:r='urn:r'>",
+    ]
+)
+
+
+@st.composite
+def documents(draw: st.DrawFn) -> bytes:
+    """A third hostile throughout, a third plain, a third plain with one hostile splice."""
+    kind = draw(st.sampled_from(["hostile", "plain", "spliced"]))
+    hostile = kind == "hostile"
+    root = draw(roots) if hostile else draw(st.sampled_from(roots_plain))
+    end = "</r:restms>" if root.startswith("<r:") else "</restms>"
+    body = "".join(draw(st.lists(messages(hostile), min_size=1, max_size=4)))
+    tail = draw(st.sampled_from(["", "\n", "<!-- after -->", "x"] if hostile else ["", "\n"]))
+    head = draw(declarations) if hostile else draw(st.sampled_from(declarations_plain))
+    text = f"{head}{root}{body}{draw(spaces)}{end}{tail}"
+    if kind == "spliced":
+        at = draw(st.integers(0, len(text)))
+        text = text[:at] + draw(tricky) + text[at:]
+    return text.encode(draw(st.sampled_from(["utf-8"] * 5 + ["latin-1"])), "replace")
+
+
+# ---------------------------------------------------------------- the tests
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(documents())
+def test_recogniser_answers_only_what_lxml_says(body: bytes) -> None:
+    try:
+        _agrees(body)
+    except RestMSError:  # raised by lxml's side: then the recogniser must not answer
+        assert scan(body) is None, body
+    except etree.LxmlError:  # pragma: no cover - parse_root turns these into RestMSError
+        raise
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<restms><message/></restms>",
+        b'<restms xmlns="http://www.restms.org/schema/restms"><message address="a"/></restms>',
+        b"<?xml version='1.0' encoding='UTF-8'?>\n<restms>\n  <message address='a'>\n"
+        b'    <header name="h" value="v"/>\n'
+        b'    <content type="text/plain">caf\xc3\xa9 &amp; &lt;tea&gt; \xf0\x9d\x84\x9e</content>'
+        b"\n  </message>\n</restms>\n",
+        b'<restms><message reply_to="a&amp;b"><content></content><content/></message></restms>',
+    ],
+)
+def test_plain_shapes_are_recognised(body: bytes) -> None:
+    assert _agrees(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'<!DOCTYPE r [<!ENTITY e "x">]><restms><message/></restms>',
+        b"<restms><!-- c --><message/></restms>",
+        b"<restms><message><content><![CDATA[x]]></content></message></restms>",
+        b"<restms><?pi?><message/></restms>",
+        b"\xef\xbb\xbf<restms><message/></restms>",  # byte-order mark
+        b"<?xml version='1.0' encoding='ISO-8859-1'?><restms><message/></restms>",
+        b"<restms><message><content>\xff</content></message></restms>",  # not UTF-8
+        b"<restms><message><content>&#65;</content></message></restms>",
+        b"<restms><message><content>&e;</content></message></restms>",
+        b"<restms><message><content>a\x01b</content></message></restms>",
+        b"<restms><message><content>a\r\nb</content></message></restms>",
+        b"<restms><message><content>]]></content></message></restms>",
+        b"<restms><message><content>\xef\xbf\xbe</content></message></restms>",
+        b'<restms><message address="a\tb"/></restms>',  # normalised by XML
+        b'<restms><message address="a" address="b"/></restms>',
+        b'<restms><message xmlns="urn:x"/></restms>',
+        b'<restms xmlns:p="urn:p"><message p:address="a"/></restms>',
+        b"<restms><message>text<content/></message></restms>",
+        b'<restms><message><feed name="f"/></message></restms>',
+        b"<restms><message><content><x/></content></message></restms>",
+        b"<restms><message/>tail</restms>",
+        b"<restms><message/></restms><!-- after -->",
+        b"<restms><message></content></message></restms>",
+    ],
+)
+def test_everything_else_is_left_to_lxml(body: bytes) -> None:
+    assert scan(body) is None
+
+
+def test_bodies_over_lxml_text_limit_are_left_to_lxml() -> None:
+    text = b"a" * (MAX_BODY + 1)
+    assert scan(b"<restms><message><content>" + text + b"</content></message></restms>") is None
+
+
+def test_repeated_attribute_lists_are_shared_not_rebuilt() -> None:
+    body = b'<restms><message address="k"/><message address="k"/></restms>'
+    first, second = scan(body) or []
+    assert first[0] == {"address": "k"}
+    assert first[0] is second[0]
