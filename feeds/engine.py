@@ -23,6 +23,11 @@ GETs await a resource's next change (:class:`~feeds.model.Watchable`), never pol
   the feed's bounded queue (F8) and is handed out when a pipe joins, asks or drains.
   Messages a deleted pipe never acknowledged go back to the front of their queue (Q1).
 * A **service feed** deletes itself when its last join goes (F8).
+* **Durability.** After :meth:`Engine.restore` the engine keeps a journal of what it
+  changes (:mod:`feeds.store`): resources, and persistent messages (``delivery_mode``
+  2) delivered to a pipe or queued in a feed, acknowledgements and expiries. The
+  gateway commits the journal before it replies. Non-persistent messages stay in
+  memory only; each pipe's next position is written lazily so positions never repeat.
 
 The engine knows nothing of HTTP; it raises :mod:`restms.errors` exceptions.
 """
@@ -32,6 +37,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
@@ -49,6 +55,7 @@ from .model import (
     Part,
     PartRef,
     Pipe,
+    Queued,
     Resource,
     Slot,
     StagedContent,
@@ -56,6 +63,7 @@ from .model import (
 )
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
 from .selection import capacity, eligible, matching
+from .store import Op, Snapshot, decode_parts, dumps, encode_parts, loads
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +99,10 @@ class Engine:
         for feed in (default, *self.config.feeds):
             self._configure(feed)
         self.default_feed = self.public_feeds[DEFAULT_FEED]
+        # Durability (None until restore): records of changes, and pipes whose next
+        # position has moved since the last look.
+        self.journal: list[Op] | None = None
+        self._moved: set[Pipe] = set()
 
     def _configure(self, cfg: FeedConfig) -> None:
         domain = self.domain(cfg.domain)
@@ -99,6 +111,86 @@ class Engine:
             raise ValueError(f"feed {cfg.name!r} is configured twice")
         feed = self._new_feed(domain, spec, owner="", configured=True)
         log.debug("configured feed %s type=%r", feed.key, feed.type)
+
+    # ------------------------------------------------------------ durability
+    def restore(self, snapshot: Snapshot) -> None:
+        """Rebuild what the store holds, then keep a journal from here on.
+
+        Feeds, pipes and joins come back under their keys (so their URIs), each pipe's
+        messages at their positions, each feed's queue in order. Rows that no longer
+        fit the configuration (a domain or feed it dropped) are skipped and logged.
+        """
+        now, mono = self._wall(), self._mono()
+        for key, name, type_, title, license_, domain_name, owner in snapshot.feeds:
+            domain = self.domains.get(domain_name)
+            if domain is None or (name is not None and name in self.public_feeds):
+                log.warning("stored feed %s no longer fits the configuration; skipped", key)
+                continue
+            feed = Feed(
+                key=key,
+                name=name,
+                type=type_,
+                title=title,
+                license=license_,
+                domain=domain,
+                owner=owner,
+                configured=False,
+                now=now,
+            )
+            self._register(feed, now)
+        for key, type_, title, domain_name, owner, next_seq in snapshot.pipes:
+            domain = self.domains.get(domain_name) or self.default_feed.domain
+            pipe = Pipe(key, type_, title, domain, owner, now)
+            pipe.next_seq = next_seq
+            self._private[key] = pipe
+        for key, pipe_key, feed_key, type_, address, headers, is_default in snapshot.joins:
+            owner_pipe, target = self._private.get(pipe_key), self._feed_by_key(feed_key)
+            if not isinstance(owner_pipe, Pipe) or target is None:
+                log.warning("stored join %s has lost its pipe or feed; skipped", key)
+                continue
+            pairs = tuple((k, v) for k, v in loads(headers))
+            spec = JoinSpec(feed_path="", address=address, type=type_, headers=pairs)
+            self._link(owner_pipe, target, spec, bool(is_default), now, key=key)
+        for pipe_key, seq, source_key, data in snapshot.messages:
+            holder = self._private.get(pipe_key)
+            if not isinstance(holder, Pipe):
+                continue
+            pipe = holder
+            record = loads(data)
+            source = self._feed_by_key(source_key) if source_key else None
+            message = Message(
+                seq, _spec(record), decode_parts(record[6]), record[3], source, record[4]
+            )
+            message.durable = True
+            if record[5] is not None:
+                message.expires = mono + (record[5] - now)
+                pipe.expiring += 1
+            pipe.messages[seq] = message
+            pipe.next_seq = max(pipe.next_seq, seq + 1)
+        for feed_key, qid, data in snapshot.queued:
+            queue_feed = self._feed_by_key(feed_key)
+            if queue_feed is None:
+                continue
+            record = loads(data)
+            queue_feed.queue.append((_spec(record), decode_parts(record[6]), qid))
+            queue_feed.qfront = min(queue_feed.qfront, qid - 1)
+            queue_feed.qback = max(queue_feed.qback, qid)
+        self.journal = []
+        for found in [*self.public_feeds.values(), *self._private.values()]:
+            if isinstance(found, Feed) and found.queue:
+                self._drain(found)  # pipes that can take queued work get it now
+
+    def _feed_by_key(self, key: str) -> Feed | None:
+        found = self.public_feeds.get(key) or self._private.get(key)
+        return found if isinstance(found, Feed) else None
+
+    def take_journal(self) -> list[Op]:
+        """The records since the last call, with each moved pipe's next position."""
+        ops, self.journal = self.journal or [], []
+        if self._moved:
+            ops.extend(("seq", pipe.next_seq, pipe.key) for pipe in self._moved)
+            self._moved.clear()
+        return ops
 
     # ------------------------------------------------------------ lookup
     def domain(self, name: str) -> Domain:
@@ -165,13 +257,33 @@ class Engine:
             configured=configured,
             now=now,
         )
-        if feed.public:
-            self.public_feeds[key] = feed
-            domain.feeds[key] = feed
-            domain.touch(now)
-        else:
-            self._private[key] = feed
+        self._register(feed, now)
+        if not configured:
+            self._log_feed(feed)
         return feed
+
+    def _register(self, feed: Feed, now: float) -> None:
+        if feed.public:
+            self.public_feeds[feed.key] = feed
+            feed.domain.feeds[feed.key] = feed
+            feed.domain.touch(now)
+        else:
+            self._private[feed.key] = feed
+
+    def _log_feed(self, feed: Feed) -> None:
+        if self.journal is not None:
+            self.journal.append(
+                (
+                    "feed",
+                    feed.key,
+                    feed.name,
+                    feed.type,
+                    feed.title,
+                    feed.license,
+                    feed.domain.name,
+                    feed.owner,
+                )
+            )
 
     def update_feed(self, feed: Feed, update: Update) -> Feed:
         """R2, R3: title and license change; name and type may only be repeated."""
@@ -185,6 +297,7 @@ class Engine:
         feed.title = update.title or None
         feed.license = update.license or None
         feed.touch(self._wall())
+        self._log_feed(feed)
         return feed
 
     def delete_feed(self, feed: Feed) -> None:
@@ -198,6 +311,8 @@ class Engine:
             return
         now = self._wall()
         feed.deleted = True
+        if self.journal is not None and not feed.configured:
+            self.journal.append(("feed-", feed.key))
         for join in list(feed.joins.values()):
             self._unlink(join, now, cascade=False)
         for staged in list(feed.staged.values()):
@@ -219,6 +334,7 @@ class Engine:
         key = names.new_hash()
         pipe = Pipe(key, spec.type, spec.title, domain, owner, now)
         self._private[key] = pipe
+        self._log_pipe(pipe)
         if spec.type != "ondemand":
             self._link(pipe, self.default_feed, JoinSpec(feed_path="", address=key), True, now)
         return pipe
@@ -230,7 +346,14 @@ class Engine:
             raise Forbidden("a pipe's type cannot be changed")
         pipe.title = update.title or None
         pipe.touch(self._wall())
+        self._log_pipe(pipe)
         return pipe
+
+    def _log_pipe(self, pipe: Pipe) -> None:
+        if self.journal is not None:
+            self.journal.append(
+                ("pipe", pipe.key, pipe.type, pipe.title, pipe.domain.name, pipe.owner)
+            )
 
     def delete_pipe(self, pipe: Pipe) -> None:
         """R5: joins, messages and contents go; waiting GETs get 404 (A6)."""
@@ -239,12 +362,15 @@ class Engine:
         now = self._wall()
         pipe.deleted = True
         self._private.pop(pipe.key, None)
+        self._moved.discard(pipe)
+        if self.journal is not None:
+            self.journal.append(("pipe-", pipe.key))
         # Q1: work a queueing feed gave this pipe and nobody acknowledged goes back.
         requeued: set[Feed] = set()
         for message in reversed(pipe.messages.values()):
             source = message.source
             if source is not None and not source.deleted:
-                source.queue.appendleft((message.spec, message.parts))
+                self._enqueue(source, message.spec, message.parts, front=True)
                 requeued.add(source)
                 self.counters.requeued += 1
         pipe.messages.clear()
@@ -275,10 +401,23 @@ class Engine:
             self._drain(feed)
         return join, True
 
-    def _link(self, pipe: Pipe, feed: Feed, spec: JoinSpec, is_default: bool, now: float) -> Join:
+    def _link(
+        self,
+        pipe: Pipe,
+        feed: Feed,
+        spec: JoinSpec,
+        is_default: bool,
+        now: float,
+        key: str | None = None,
+    ) -> Join:
         match = matcher(feed.type, spec.address, spec.headers)
-        key = names.new_hash()
+        key = key or names.new_hash()
         join = Join(key, pipe, feed, spec, match, is_default, now)
+        if self.journal is not None:
+            headers = dumps(spec.headers).decode()
+            self.journal.append(
+                ("join", key, pipe.key, feed.key, spec.type, spec.address, headers, is_default)
+            )
         feed.joins[key] = join
         if feed.type in INDEXED_TYPES:
             feed.by_address.setdefault(spec.address, []).append(join)
@@ -300,6 +439,8 @@ class Engine:
             return
         join.deleted = True
         feed, pipe = join.feed, join.pipe
+        if self.journal is not None:
+            self.journal.append(("join-", join.key))
         feed.joins.pop(join.key, None)
         peers = feed.by_address.get(join.spec.address)
         if peers is not None and join in peers:
@@ -417,7 +558,7 @@ class Engine:
         if feed.type in QUEUEING_TYPES:
             join = eligible(feed, self.config.max_pipe_messages)
             if join is None:
-                feed.queue.append((spec, parts))
+                self._enqueue(feed, spec, parts, front=False)
                 self.counters.queued += 1
                 return 0
             self._deliver(join.pipe, spec, parts, feed, now)
@@ -456,7 +597,53 @@ class Engine:
             pipe.expiring += 1
         pipe.messages[seq] = message
         self.counters.routed += 1
+        if self.journal is not None:
+            self._moved.add(pipe)
+            if persistent(spec):
+                message.durable = True
+                self._log_message(pipe, message)
         pipe.touch(now)
+
+    def _log_message(self, pipe: Pipe, message: Message) -> None:
+        assert self.journal is not None
+        source = message.source.key if message.source is not None else None
+        data = _record(
+            message.spec,
+            message.parts,
+            message.feed_name,
+            message.arrived,
+            self._expires_at(message.expires),
+        )
+        self.journal.append(("msg", pipe.key, message.seq, source, data))
+
+    def _expires_at(self, deadline: float | None) -> float | None:
+        """A monotonic deadline as wall-clock time, which survives a restart."""
+        return None if deadline is None else self._wall() + (deadline - self._mono())
+
+    def _enqueue(
+        self, feed: Feed, spec: MessageSpec, parts: list[Part | None], *, front: bool
+    ) -> None:
+        qid: int | None = None
+        if self.journal is not None and persistent(spec):
+            if front:
+                qid = feed.qfront
+                feed.qfront -= 1
+            else:
+                feed.qback += 1
+                qid = feed.qback
+            record = _record(spec, parts, feed.name, 0.0, None)
+            self.journal.append(("queue+", feed.key, qid, record))
+        entry: Queued = (spec, parts, qid)
+        if front:
+            feed.queue.appendleft(entry)
+        else:
+            feed.queue.append(entry)
+
+    def _dequeue(self, feed: Feed) -> tuple[MessageSpec, list[Part | None]]:
+        spec, parts, qid = feed.queue.popleft()
+        if qid is not None and self.journal is not None:
+            self.journal.append(("queue-", feed.key, qid))
+        return spec, parts
 
     def _drain(self, feed: Feed) -> None:
         """F8: hand queued messages to eligible pipes, in order."""
@@ -465,7 +652,7 @@ class Engine:
             join = eligible(feed, self.config.max_pipe_messages)
             if join is None:
                 return
-            spec, parts = feed.queue.popleft()
+            spec, parts = self._dequeue(feed)
             self._deliver(join.pipe, spec, parts, feed, now)
 
     # ------------------------------------------------------------ delivery
@@ -497,7 +684,8 @@ class Engine:
             seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
         ]
         for seq in expired:
-            del pipe.messages[seq]
+            if pipe.messages.pop(seq).durable and self.journal is not None:
+                self.journal.append(("drop", pipe.key, seq))
         pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
         if expired:
             self.counters.expired += len(expired)
@@ -541,7 +729,7 @@ class Engine:
         for join in pipe.joins.values():
             feed = join.feed
             if feed.queue:
-                spec, parts = feed.queue.popleft()
+                spec, parts = self._dequeue(feed)
                 self._deliver(pipe, spec, parts, feed, self._wall())
                 return True
         return False
@@ -561,6 +749,8 @@ class Engine:
             removed += 1
         if removed:
             self.counters.acknowledged += removed
+            if self.journal is not None:
+                self.journal.append(("ack", pipe.key, slot.seq))
             pipe.touch(self._wall())
             for join in list(pipe.joins.values()):
                 if join.feed.queue:
@@ -581,6 +771,8 @@ class Engine:
         message = self.message(Slot(ref.pipe, ref.seq))
         if message is not None and ref.index < len(message.parts) and message.parts[ref.index]:
             message.parts[ref.index] = None
+            if message.durable and self.journal is not None:
+                self._log_message(ref.pipe, message)
             ref.pipe.touch(self._wall())
 
     def stream(self, pipe: Pipe, after: int) -> Iterator[Message]:
@@ -595,3 +787,37 @@ def _alive(resource: Watchable) -> None:
     """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
     if resource.deleted:
         raise NotFound("the resource was deleted")
+
+
+def persistent(spec: MessageSpec) -> bool:
+    """AMQP9 ``delivery_mode`` 2: the message must survive a restart."""
+    return spec.prop("delivery_mode") == "2"
+
+
+def _record(
+    spec: MessageSpec,
+    parts: list[Part | None],
+    feed_name: str | None,
+    arrived: float,
+    expires_at: float | None,
+) -> bytes:
+    """A message as the store keeps it (see :mod:`feeds.store`)."""
+    return dumps(
+        [
+            spec.address,
+            spec.props,
+            spec.headers,
+            feed_name,
+            arrived,
+            expires_at,
+            encode_parts(parts),
+        ]
+    )
+
+
+def _spec(record: list[Any]) -> MessageSpec:
+    return MessageSpec(
+        address=record[0],
+        props=tuple((k, v) for k, v in record[1]),
+        headers=tuple((k, v) for k, v in record[2]),
+    )

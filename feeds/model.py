@@ -79,6 +79,8 @@ class Blob:
 
 
 Part = EmbeddedContent | Blob  # one content of a delivered message
+# A message waiting in a rotator or service feed: its queue id when it is in the store.
+Queued = tuple[MessageSpec, list[Part | None], int | None]
 
 
 class StagedContent(Watchable):
@@ -98,7 +100,7 @@ class StagedContent(Watchable):
 class Message:
     """A message held in a pipe at one position (A3)."""
 
-    __slots__ = ("arrived", "expires", "feed_name", "parts", "seq", "source", "spec")
+    __slots__ = ("arrived", "durable", "expires", "feed_name", "parts", "seq", "source", "spec")
 
     def __init__(
         self,
@@ -116,6 +118,7 @@ class Message:
         self.source = source  # the queueing feed it came from, to requeue (Q1)
         self.arrived = arrived
         self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
+        self.durable = False  # held in the store too (persistent delivery mode)
 
     @property
     def version(self) -> int:
@@ -148,6 +151,8 @@ class Feed(Watchable):
         "license",
         "name",
         "owner",
+        "qback",
+        "qfront",
         "queue",
         "rr",
         "staged",
@@ -181,7 +186,9 @@ class Feed(Watchable):
         self.joins: dict[str, Join] = {}
         self.by_address: dict[str, list[Join]] = {}  # "" and direct feeds
         self.topic_cache: dict[str, list[Join]] = {}  # topic feeds, cleared on join change
-        self.queue: deque[tuple[MessageSpec, list[Part | None]]] = deque()  # rotator/service
+        self.queue: deque[Queued] = deque()  # rotator/service
+        self.qfront = 0  # queue ids: the next one at the front, the last one at the back
+        self.qback = 0
         self.rr = 0  # round-robin cursor
         self.had_join = False  # a service feed deletes itself after its last join (F8)
         self.staged: dict[str, StagedContent] = {}

@@ -11,10 +11,12 @@ from pathlib import Path
 from aiohttp import web
 
 from feeds.engine import Engine
+from feeds.store import Store
 
 from . import resources
 from .config import Config
-from .keys import CONFIG, ENGINE
+from .durability import store_context
+from .keys import CONFIG, ENGINE, STORE
 from .middleware import authenticate, errors
 
 log = logging.getLogger(__name__)
@@ -25,12 +27,14 @@ def build_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[errors, authenticate], client_max_size=config.max_body)
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
+    if config.store == "sqlite":
+        app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     for kind in ("domain", "feed", "resource"):
         app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
-    app.cleanup_ctx.append(_data_dir)
+    app.cleanup_ctx.append(store_context)
     app.cleanup_ctx.append(_sweeper)
     return app
 
@@ -44,12 +48,6 @@ async def extension_profile(request: web.Request) -> web.Response:
     page = ROOT / "docs" / "EXTENSIONS.md"
     text = await asyncio.to_thread(page.read_text, encoding="utf-8")
     return web.Response(text=text, content_type="text/markdown")
-
-
-async def _data_dir(app: web.Application) -> AsyncIterator[None]:
-    path = Path(app[CONFIG].data_dir)
-    await asyncio.to_thread(path.mkdir, parents=True, exist_ok=True)
-    yield
 
 
 async def _sweeper(app: web.Application) -> AsyncIterator[None]:

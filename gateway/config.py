@@ -54,6 +54,10 @@ class Config:
     staged_ttl: float = 300.0
     max_staged_bytes: int = 256 * 1024 * 1024
     sweep_interval: float = 5.0
+    # durability (docs/DURABILITY.md)
+    store: str = "sqlite"  # "memory": nothing survives a restart
+    store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
+    journal_interval: float = 0.05  # seconds; lazy records (positions) wait at most this long
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
@@ -67,7 +71,12 @@ class Config:
             raise ConfigError("expired_wait_status must be 500 or 503")
         if self.legacy_default_feed_type not in ("", "direct"):
             raise ConfigError('legacy_default_feed_type must be "" or "direct"')
-        for key in ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval"):
+        if self.store not in ("sqlite", "memory"):
+            raise ConfigError('store must be "sqlite" or "memory"')
+        if self.store_sync not in ("full", "normal"):
+            raise ConfigError('store_sync must be "full" or "normal"')
+        keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
+        for key in (*keys, "journal_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

@@ -5,9 +5,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from feeds.engine import Engine
+from feeds.store import Store
 
 from .config import Config
 
 CONFIG = web.AppKey("config", Config)
 ENGINE = web.AppKey("engine", Engine)
+STORE = web.AppKey("store", Store)
 PRINCIPAL = web.RequestKey("principal", str)

@@ -18,6 +18,7 @@ from restms.errors import Forbidden, MethodNotAllowed, NotFound
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
 from . import http, streams, views
+from .durability import committed
 from .keys import CONFIG, ENGINE
 
 Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
@@ -343,7 +344,9 @@ async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
         if not _exists(request, target):
             raise NotFound("no such resource")  # U12: absent positions are 404, not 403
         raise Forbidden(entry)
-    return await entry(request, target)
+    response = await entry(request, target)
+    await committed(request)  # no reply before what it reports is on disk
+    return response
 
 
 def _exists(request: web.Request, target: Any) -> bool:

@@ -1,0 +1,278 @@
+"""The durable store: SQLite in WAL mode, written by one thread with group commit.
+
+The engine stays in memory and synchronous; when it is durable it appends a
+**journal** of small records (:data:`Op`) as it changes: feeds, pipes and joins
+created, changed or deleted, persistent messages delivered to a pipe or queued in a
+feed, acknowledgements, expiries. :class:`Store` turns a batch of records into SQL on
+the event loop's thread (cheap tuples) and hands it to its writer thread, which
+commits every batch waiting at that moment in **one transaction**: concurrent
+publishers share one fsync (group commit). The future of a batch resolves when its
+transaction has committed, so a reply that awaits it is sent only after its messages
+are on disk.
+
+At start-up :meth:`Store.load` reads everything back (in a worker thread, before the
+server listens) and :meth:`feeds.engine.Engine.restore` rebuilds the same resources
+under the same URIs, each pipe's messages at the same positions.
+
+Message records are compact JSON arrays (orjson), content bytes in base64::
+
+    [address, props, headers, feed_name, arrived, expires_at, parts]
+    part: ["e", type, encoding, value] | ["b", content_type, base64] | null
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import queue
+import sqlite3
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "gateway.sqlite3"
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS feeds (
+    key TEXT PRIMARY KEY, name TEXT, type TEXT NOT NULL, title TEXT, license TEXT,
+    domain TEXT NOT NULL, owner TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pipes (
+    key TEXT PRIMARY KEY, type TEXT NOT NULL, title TEXT, domain TEXT NOT NULL,
+    owner TEXT NOT NULL, next_seq INTEGER NOT NULL DEFAULT 1);
+CREATE TABLE IF NOT EXISTS joins (
+    key TEXT PRIMARY KEY, pipe TEXT NOT NULL, feed TEXT NOT NULL, type TEXT NOT NULL,
+    address TEXT NOT NULL, headers TEXT NOT NULL, is_default INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS messages (
+    pipe TEXT NOT NULL, seq INTEGER NOT NULL, source TEXT, data BLOB NOT NULL,
+    PRIMARY KEY (pipe, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS queued (
+    feed TEXT NOT NULL, qid INTEGER NOT NULL, data BLOB NOT NULL,
+    PRIMARY KEY (feed, qid)) WITHOUT ROWID;
+"""
+
+# Journal records: a tag, then plain values captured when the change happened.
+Op = tuple[Any, ...]
+
+_SQL: dict[str, str] = {
+    "feed": "INSERT OR REPLACE INTO feeds VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "pipe": "INSERT INTO pipes (key, type, title, domain, owner) VALUES (?, ?, ?, ?, ?) "
+    "ON CONFLICT (key) DO UPDATE SET title = excluded.title",
+    "join": "INSERT OR REPLACE INTO joins VALUES (?, ?, ?, ?, ?, ?, ?)",
+    "join-": "DELETE FROM joins WHERE key = ?",
+    "msg": "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?)",
+    "ack": "DELETE FROM messages WHERE pipe = ? AND seq <= ?",
+    "drop": "DELETE FROM messages WHERE pipe = ? AND seq = ?",
+    "seq": "UPDATE pipes SET next_seq = max(next_seq, ?) WHERE key = ?",
+    "queue+": "INSERT OR REPLACE INTO queued VALUES (?, ?, ?)",
+    "queue-": "DELETE FROM queued WHERE feed = ? AND qid = ?",
+}
+# Deleting a feed or a pipe takes what hangs off it with it.
+_CASCADE: dict[str, tuple[str, ...]] = {
+    "feed-": ("DELETE FROM feeds WHERE key = ?", "DELETE FROM queued WHERE feed = ?"),
+    "pipe-": (
+        "DELETE FROM pipes WHERE key = ?",
+        "DELETE FROM joins WHERE pipe = ?",
+        "DELETE FROM messages WHERE pipe = ?",
+    ),
+}
+
+
+class StoreError(Exception):
+    """The store could not be opened or could not commit."""
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """Everything the store holds, as rows, for :meth:`Engine.restore`."""
+
+    feeds: list[tuple[Any, ...]] = field(default_factory=list)
+    pipes: list[tuple[Any, ...]] = field(default_factory=list)
+    joins: list[tuple[Any, ...]] = field(default_factory=list)
+    messages: list[tuple[Any, ...]] = field(default_factory=list)  # by pipe, seq
+    queued: list[tuple[Any, ...]] = field(default_factory=list)  # by feed, qid
+
+
+# ---------------------------------------------------------------- message records
+def encode_parts(parts: Iterable[Any]) -> list[Any]:
+    from .model import Blob
+
+    out: list[Any] = []
+    for part in parts:
+        if part is None:
+            out.append(None)
+        elif isinstance(part, Blob):
+            out.append(["b", part.content_type, base64.b64encode(part.data).decode()])
+        else:
+            out.append(["e", part.type, part.encoding, part.value])
+    return out
+
+
+def decode_parts(items: list[Any]) -> list[Any]:
+    from restms.specs import EmbeddedContent
+
+    from .model import Blob
+
+    out: list[Any] = []
+    for item in items:
+        if item is None:
+            out.append(None)
+        elif item[0] == "b":
+            out.append(Blob(base64.b64decode(item[2]), item[1]))
+        else:
+            out.append(EmbeddedContent(type=item[1], encoding=item[2], value=item[3]))
+    return out
+
+
+def dumps(value: Any) -> bytes:
+    return orjson.dumps(value)
+
+
+def loads(data: bytes) -> Any:
+    return orjson.loads(data)
+
+
+# ---------------------------------------------------------------- the store
+class Store:
+    """One SQLite file in the data directory, one writer thread, group commit."""
+
+    def __init__(self, directory: str | Path, *, synchronous: str = "FULL") -> None:
+        self.path = Path(directory) / FILE_NAME
+        self.synchronous = synchronous
+        self._db: sqlite3.Connection | None = None
+        self._queue: queue.SimpleQueue[
+            tuple[list[tuple[str, list[Any]]], asyncio.Future[None]] | None
+        ]
+        self._queue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.commits = 0  # transactions
+        self.batches = 0  # batches they carried (batches / commits = group-commit factor)
+
+    # -- start-up and shut-down (blocking: call from a worker thread)
+    def load(self) -> Snapshot:
+        """Open (creating if needed) and read everything back."""
+        try:
+            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute(f"PRAGMA synchronous = {self.synchronous}")
+            db.executescript(_SCHEMA)
+            found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+            if found is None:
+                db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            elif int(found[0]) != SCHEMA_VERSION:
+                raise StoreError(f"{self.path} has schema {found[0]}, expected {SCHEMA_VERSION}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
+        self._db = db
+        snap = Snapshot()
+        snap.feeds = db.execute("SELECT * FROM feeds").fetchall()
+        snap.pipes = db.execute("SELECT * FROM pipes").fetchall()
+        snap.joins = db.execute("SELECT * FROM joins").fetchall()
+        snap.messages = db.execute("SELECT * FROM messages ORDER BY pipe, seq").fetchall()
+        snap.queued = db.execute("SELECT * FROM queued ORDER BY feed, qid").fetchall()
+        return snap
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._thread = threading.Thread(target=self._write_loop, name="store-writer", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Finish every batch submitted so far, then close (blocking)."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._db is not None:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            self._db.close()
+            self._db = None
+
+    # -- writing (event loop thread)
+    def submit(self, ops: list[Op]) -> asyncio.Future[None]:
+        """Queue a batch of journal records; the future resolves once they are committed."""
+        assert self._loop is not None, "store not started"
+        future: asyncio.Future[None] = self._loop.create_future()
+        self._queue.put((_statements(ops), future))
+        return future
+
+    # -- the writer thread
+    def _write_loop(self) -> None:
+        db = self._db
+        assert db is not None
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batches = [first]
+            stop = False
+            while True:  # group commit: everything that queued up meanwhile
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batches.append(more)
+            error: BaseException | None = None
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                for statements, _ in batches:
+                    for sql, rows in statements:
+                        db.executemany(sql, rows)
+                db.execute("COMMIT")
+                self.commits += 1
+                self.batches += len(batches)
+            except sqlite3.Error as exc:
+                log.error("store commit failed: %s", exc)
+                with contextlib.suppress(sqlite3.Error):
+                    db.execute("ROLLBACK")
+                error = StoreError(f"could not commit to the store: {exc}")
+            for _, future in batches:
+                self._resolve(future, error)
+            if stop:
+                return
+
+    def _resolve(self, future: asyncio.Future[None], error: BaseException | None) -> None:
+        assert self._loop is not None
+
+        def done() -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+        with contextlib.suppress(RuntimeError):  # the loop may be closed at shut-down
+            self._loop.call_soon_threadsafe(done)
+
+
+def _statements(ops: list[Op]) -> list[tuple[str, list[Any]]]:
+    """Journal records -> SQL, runs of the same statement merged for executemany."""
+    out: list[tuple[str, list[Any]]] = []
+    for op in ops:
+        tag = op[0]
+        cascade = _CASCADE.get(tag)
+        if cascade is not None:
+            for sql in cascade:
+                out.append((sql, [op[1:]]))
+            continue
+        sql = _SQL[tag]
+        if out and out[-1][0] == sql:
+            out[-1][1].append(op[1:])
+        else:
+            out.append((sql, [op[1:]]))
+    return out
