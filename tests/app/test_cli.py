@@ -3,46 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def _start(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "main.py"),
-        "serve",
-        *args,
-        cwd=ROOT,
-        env={**os.environ, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
-async def _listening_port(proc: asyncio.subprocess.Process) -> int:
-    assert proc.stderr is not None
-    async with asyncio.timeout(20):
-        while True:
-            line = (await proc.stderr.readline()).decode()
-            assert line, "the gateway exited before it listened"
-            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
-            if found:
-                return int(found.group(1))
+from tests.app.process import listening_port, start
 
 
 async def test_serve_answers_then_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    proc = await _start("--port", "0", "--data-dir", str(data))
+    proc = await start("--port", "0", "--data-dir", str(data))
     try:
-        port = await _listening_port(proc)
+        port = await listening_port(proc)
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"http://127.0.0.1:{port}/restms/domain/default") as r,
@@ -60,9 +33,9 @@ async def test_serve_answers_then_stops_cleanly_on_sigterm(tmp_path: Path) -> No
 
 
 async def test_sigint_also_stops_cleanly(tmp_path: Path) -> None:
-    proc = await _start("--port", "0", "--data-dir", str(tmp_path))
+    proc = await start("--port", "0", "--data-dir", str(tmp_path))
     try:
-        await _listening_port(proc)
+        await listening_port(proc)
         proc.send_signal(signal.SIGINT)
         async with asyncio.timeout(15):
             assert await proc.wait() == 0
@@ -73,7 +46,7 @@ async def test_sigint_also_stops_cleanly(tmp_path: Path) -> None:
 
 
 async def test_non_loopback_bind_is_refused_without_insecure(tmp_path: Path) -> None:
-    proc = await _start("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
+    proc = await start("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
     async with asyncio.timeout(20):
         _, err = await proc.communicate()
     assert proc.returncode == 2
@@ -81,7 +54,7 @@ async def test_non_loopback_bind_is_refused_without_insecure(tmp_path: Path) -> 
 
 
 async def test_flags_beat_environment(tmp_path: Path) -> None:
-    proc = await _start(
+    proc = await start(
         "--port",
         "0",
         "--data-dir",
@@ -89,7 +62,7 @@ async def test_flags_beat_environment(tmp_path: Path) -> None:
         env={"RESTMS_PORT": "1", "RESTMS_LEGACY_DEFAULT_FEED_TYPE": "direct"},
     )
     try:
-        port = await _listening_port(proc)  # port 1 would have failed: the flag won
+        port = await listening_port(proc)  # port 1 would have failed: the flag won
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"http://127.0.0.1:{port}/restms/feed/default") as r,

@@ -7,14 +7,14 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.app.test_cli import ROOT, _listening_port, _start
+from tests.app.process import ROOT, listening_port, start
 
 
 async def test_examples_walkthrough_passes_twice_against_a_real_gateway(tmp_path: Path) -> None:
     assert shutil.which("curl"), "the walkthrough needs curl on PATH"
-    proc = await _start("--port", "0", "--data-dir", str(tmp_path))
+    proc = await start("--port", "0", "--data-dir", str(tmp_path))
     try:
-        port = await _listening_port(proc)
+        port = await listening_port(proc)
         for _ in range(2):  # it cleans up after itself, so a second run passes too
             run = await asyncio.create_subprocess_exec(
                 "bash",

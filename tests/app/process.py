@@ -1,0 +1,35 @@
+"""The gateway in its own process, as a user runs it: ``python main.py serve``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def start(*args: str, env: dict[str, str] | None = None) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "main.py"),
+        "serve",
+        *args,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+async def listening_port(proc: asyncio.subprocess.Process) -> int:
+    assert proc.stderr is not None
+    async with asyncio.timeout(20):
+        while True:
+            line = (await proc.stderr.readline()).decode()
+            assert line, "the gateway exited before it listened"
+            found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
+            if found:
+                return int(found.group(1))
