@@ -46,9 +46,12 @@ def payload(size: int = PAYLOAD_SIZE, tag: str = "") -> str:
     return text[:size]
 
 
-def xml_messages(count: int, *, address: str = "", tag: str = "") -> bytes:
+def xml_messages(
+    count: int, *, address: str = "", tag: str = "", persistent: bool = False
+) -> bytes:
+    mode = ' delivery_mode="2"' if persistent else ""
     one = (
-        f'<message address="{address}">'
+        f'<message address="{address}"{mode}>'
         f'<content type="text/plain" encoding="plain">{payload(tag=tag)}</content></message>'
     )
     return f'<restms xmlns="{NS}">{one * count}</restms>'.encode()

@@ -100,6 +100,24 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "pass": g is not None and g >= 100_000,
                 }
             )
+    for case, plain, label in (
+        ("single_durable", "single", "single publish"),
+        ("batch_durable", "batch_xml", "batched publish 100 x 1 KiB, XML"),
+    ):
+        if case in tp and plain in tp:
+            g, b = _med(tp[case]["gateway"], "msg_per_s"), _med(tp[plain]["gateway"], "msg_per_s")
+            ratio = g / b if g and b else None
+            rows.append(
+                {
+                    "benchmark": f"5. persistent {label} (baseline: the same, non-persistent)",
+                    "unit": "msg/s",
+                    "gateway": g,
+                    "bare": b,
+                    "ratio": ratio,
+                    "target": ">= 30% of non-persistent",
+                    "pass": ratio is not None and ratio >= 0.3,
+                }
+            )
     lat = results.get("latency", {})
     if lat.get("gateway"):
         for key, label, target in (("p50_ms", "p50", "<= 2 ms"), ("p99_ms", "p99", "(none)")):

@@ -2,6 +2,9 @@
 
 1. single: one ``<message>`` (1 KiB embedded plain content) per POST, req/s.
 2. batch: 100 such messages per POST, msg/s, for an XML and a JSON body.
+5. the single and XML batch cases again with ``delivery_mode="2"`` (persistent: each
+   reply waits for its SQLite commit), on the gateway only: their baseline is the
+   non-persistent case of the same round.
 
 Each gateway run publishes to a fresh fanout feed with one joined pipe, which is
 deleted afterwards so that stored messages never carry over between runs (the
@@ -49,7 +52,13 @@ def cases() -> dict[str, tuple[bytes, str, int, int]]:
         CASES["single"] = (xml_messages(1), XML, 1, 32)
         CASES["batch_xml"] = (xml_messages(BATCH), XML, BATCH, 8)
         CASES["batch_json"] = (json_messages(BATCH), JSON, BATCH, 8)
+        CASES["single_durable"] = (xml_messages(1, persistent=True), XML, 1, 32)
+        CASES["batch_durable"] = (xml_messages(BATCH, persistent=True), XML, BATCH, 8)
     return CASES
+
+
+# Cases measured on the gateway only (the bare server does not store anything).
+GATEWAY_ONLY = frozenset({"single_durable", "batch_durable"})
 
 
 def ensure_wrk() -> str:
@@ -161,6 +170,8 @@ def run(
             files[name].write_bytes(cases()[name][0])
         for name in names:  # warm-up: short runs, not recorded
             for kind, server in (("bare", bare), ("gateway", gateway)):
+                if kind == "bare" and name in GATEWAY_ONLY:
+                    continue
                 measure(kind, server, name, files[name], 1.0, f"warm{os.getpid()}{name}")
         serial = 0
         for round_no in range(rounds):
@@ -169,6 +180,8 @@ def run(
                 if round_no % 2:
                     order.reverse()
                 for kind, server in order:
+                    if kind == "bare" and name in GATEWAY_ONLY:
+                        continue
                     serial += 1
                     result = measure(kind, server, name, files[name], duration, f"b{serial}")
                     result["round"] = round_no

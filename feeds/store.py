@@ -54,10 +54,10 @@ CREATE TABLE IF NOT EXISTS joins (
     address TEXT NOT NULL, headers TEXT NOT NULL, is_default INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     pipe TEXT NOT NULL, seq INTEGER NOT NULL, source TEXT, data BLOB NOT NULL,
-    PRIMARY KEY (pipe, seq)) WITHOUT ROWID;
+    PRIMARY KEY (pipe, seq));
 CREATE TABLE IF NOT EXISTS queued (
     feed TEXT NOT NULL, qid INTEGER NOT NULL, data BLOB NOT NULL,
-    PRIMARY KEY (feed, qid)) WITHOUT ROWID;
+    PRIMARY KEY (feed, qid));
 """
 
 # Journal records: a tag, then plain values captured when the change happened.
