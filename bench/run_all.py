@@ -215,6 +215,8 @@ def print_notes(results: dict[str, Any]) -> None:
     for case, data in tp.items():
         for kind in ("gateway", "bare"):
             runs = data[kind]
+            if not runs:  # a gateway-only case
+                continue
             per_cpu = _med(runs, "msg_per_server_cpu_s") or 0
             print(
                 f"  {case:10s} {kind:7s}: {per_cpu:9,.0f} msg per server CPU-second; "
