@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
@@ -63,7 +62,7 @@ from .model import (
 )
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
 from .selection import capacity, eligible, matching
-from .store import Op, Snapshot, decode_parts, dumps, encode_parts, loads
+from .store import Op, Snapshot, decode_parts, dumps, loads, message_spec, persistent, record
 
 log = logging.getLogger(__name__)
 
@@ -156,14 +155,14 @@ class Engine:
             if not isinstance(holder, Pipe):
                 continue
             pipe = holder
-            record = loads(data)
+            fields = loads(data)
             source = self._feed_by_key(source_key) if source_key else None
             message = Message(
-                seq, _spec(record), decode_parts(record[6]), record[3], source, record[4]
+                seq, message_spec(fields), decode_parts(fields[6]), fields[3], source, fields[4]
             )
             message.durable = True
-            if record[5] is not None:
-                message.expires = mono + (record[5] - now)
+            if fields[5] is not None:
+                message.expires = mono + (fields[5] - now)
                 pipe.expiring += 1
             pipe.messages[seq] = message
             pipe.next_seq = max(pipe.next_seq, seq + 1)
@@ -171,8 +170,8 @@ class Engine:
             queue_feed = self._feed_by_key(feed_key)
             if queue_feed is None:
                 continue
-            record = loads(data)
-            queue_feed.queue.append((_spec(record), decode_parts(record[6]), qid))
+            fields = loads(data)
+            queue_feed.queue.append((message_spec(fields), decode_parts(fields[6]), qid))
             queue_feed.qfront = min(queue_feed.qfront, qid - 1)
             queue_feed.qback = max(queue_feed.qback, qid)
         self.journal = []
@@ -607,7 +606,7 @@ class Engine:
     def _log_message(self, pipe: Pipe, message: Message) -> None:
         assert self.journal is not None
         source = message.source.key if message.source is not None else None
-        data = _record(
+        data = record(
             message.spec,
             message.parts,
             message.feed_name,
@@ -631,8 +630,8 @@ class Engine:
             else:
                 feed.qback += 1
                 qid = feed.qback
-            record = _record(spec, parts, feed.name, 0.0, None)
-            self.journal.append(("queue+", feed.key, qid, record))
+            data = record(spec, parts, feed.name, 0.0, None)
+            self.journal.append(("queue+", feed.key, qid, data))
         entry: Queued = (spec, parts, qid)
         if front:
             feed.queue.appendleft(entry)
@@ -787,37 +786,3 @@ def _alive(resource: Watchable) -> None:
     """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
     if resource.deleted:
         raise NotFound("the resource was deleted")
-
-
-def persistent(spec: MessageSpec) -> bool:
-    """AMQP9 ``delivery_mode`` 2: the message must survive a restart."""
-    return spec.prop("delivery_mode") == "2"
-
-
-def _record(
-    spec: MessageSpec,
-    parts: list[Part | None],
-    feed_name: str | None,
-    arrived: float,
-    expires_at: float | None,
-) -> bytes:
-    """A message as the store keeps it (see :mod:`feeds.store`)."""
-    return dumps(
-        [
-            spec.address,
-            spec.props,
-            spec.headers,
-            feed_name,
-            arrived,
-            expires_at,
-            encode_parts(parts),
-        ]
-    )
-
-
-def _spec(record: list[Any]) -> MessageSpec:
-    return MessageSpec(
-        address=record[0],
-        props=tuple((k, v) for k, v in record[1]),
-        headers=tuple((k, v) for k, v in record[2]),
-    )

@@ -36,6 +36,10 @@ from typing import Any
 
 import orjson
 
+from restms.specs import EmbeddedContent, MessageSpec
+
+from .model import Blob, Part
+
 log = logging.getLogger(__name__)
 
 FILE_NAME = "gateway.sqlite3"
@@ -103,9 +107,7 @@ class Snapshot:
 
 
 # ---------------------------------------------------------------- message records
-def encode_parts(parts: Iterable[Any]) -> list[Any]:
-    from .model import Blob
-
+def encode_parts(parts: Iterable[Part | None]) -> list[Any]:
     out: list[Any] = []
     for part in parts:
         if part is None:
@@ -117,12 +119,8 @@ def encode_parts(parts: Iterable[Any]) -> list[Any]:
     return out
 
 
-def decode_parts(items: list[Any]) -> list[Any]:
-    from restms.specs import EmbeddedContent
-
-    from .model import Blob
-
-    out: list[Any] = []
+def decode_parts(items: list[Any]) -> list[Part | None]:
+    out: list[Part | None] = []
     for item in items:
         if item is None:
             out.append(None)
@@ -131,6 +129,40 @@ def decode_parts(items: list[Any]) -> list[Any]:
         else:
             out.append(EmbeddedContent(type=item[1], encoding=item[2], value=item[3]))
     return out
+
+
+def persistent(spec: MessageSpec) -> bool:
+    """AMQP9 ``delivery_mode`` 2: the message must survive a restart."""
+    return spec.prop("delivery_mode") == "2"
+
+
+def record(
+    spec: MessageSpec,
+    parts: list[Part | None],
+    feed_name: str | None,
+    arrived: float,
+    expires_at: float | None,
+) -> bytes:
+    """A message as the store keeps it (the record format above)."""
+    return dumps(
+        [
+            spec.address,
+            spec.props,
+            spec.headers,
+            feed_name,
+            arrived,
+            expires_at,
+            encode_parts(parts),
+        ]
+    )
+
+
+def message_spec(record: list[Any]) -> MessageSpec:
+    return MessageSpec(
+        address=record[0],
+        props=tuple((k, v) for k, v in record[1]),
+        headers=tuple((k, v) for k, v in record[2]),
+    )
 
 
 def dumps(value: Any) -> bytes:
