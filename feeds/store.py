@@ -272,21 +272,22 @@ class Store:
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 error = StoreError(f"could not commit to the store: {exc}")
-            for _, future in batches:
-                self._resolve(future, error)
+            self._resolve([future for _, future in batches], error)
             if stop:
                 return
 
-    def _resolve(self, future: asyncio.Future[None], error: BaseException | None) -> None:
+    def _resolve(self, futures: list[asyncio.Future[None]], error: BaseException | None) -> None:
+        """Wake the loop once per transaction, for every batch it carried."""
         assert self._loop is not None
 
         def done() -> None:
-            if future.done():
-                return
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+            for future in futures:
+                if future.done():
+                    continue
+                if error is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(error)
 
         with contextlib.suppress(RuntimeError):  # the loop may be closed at shut-down
             self._loop.call_soon_threadsafe(done)

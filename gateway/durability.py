@@ -5,7 +5,7 @@ the transaction holding its changes (:func:`committed`). Between a handler's eng
 call and that wait there is no ``await``, so the journal it hands over holds its own
 changes (and perhaps older ones, which only commit sooner). Changes made outside a
 request (queued work handed to an ondemand GET, expiries, each pipe's next position)
-are committed by :func:`flusher` within ``journal_interval`` seconds.
+are committed by :func:`_flusher` within ``journal_interval`` seconds.
 """
 
 from __future__ import annotations

@@ -180,3 +180,16 @@ async def test_acknowledged_deletes_stay_deleted_after_sigkill(tmp_path: Path) -
             # the DELETE in flight at the kill may have been committed or not
             assert left in (expected, expected[1:]), f"seed {seed}: {pipe} after {done} deletes"
         await gw.stop()
+
+
+async def test_memory_store_writes_nothing_and_keeps_nothing(
+    make_gateway: Any, tmp_path: Path
+) -> None:
+    data = tmp_path / "mem"
+    gw = await make_gateway(store="memory", data_dir=str(data))
+    async with gw.http.post(
+        "/restms/domain/default", data=json.dumps({"restms": {"pipe": [{}]}}), headers=HJ
+    ) as r:
+        assert r.status == 201
+    assert gw.engine.journal is None  # no journal: the hot path records nothing
+    assert await asyncio.to_thread(lambda: data.is_dir() and list(data.iterdir())) == []
