@@ -102,6 +102,7 @@ class Engine:
         # position has moved since the last look.
         self.journal: list[Op] | None = None
         self._moved: set[Pipe] = set()
+        self.closing = False  # set by shutdown(): waits end with a retriable 503
 
     def _configure(self, cfg: FeedConfig) -> None:
         domain = self.domain(cfg.domain)
@@ -190,6 +191,19 @@ class Engine:
             ops.extend(("seq", pipe.next_seq, pipe.key) for pipe in self._moved)
             self._moved.clear()
         return ops
+
+    def shutdown(self) -> None:
+        """End every wait: asynclets and evented GETs answer 503 (retry), streams end."""
+        self.closing = True
+        for domain in self.domains.values():
+            domain.wake()
+        for resource in [*self.public_feeds.values(), *self._private.values()]:
+            resource.wake()
+
+    def check_open(self) -> None:
+        """Raise the retriable 503 a wait answers once :meth:`shutdown` has begun."""
+        if self.closing:
+            raise ServiceUnavailable("the gateway is shutting down; retry", 1)
 
     # ------------------------------------------------------------ lookup
     def domain(self, name: str) -> Domain:
@@ -711,6 +725,7 @@ class Engine:
                 return message
             if seq != pipe.next_seq:
                 raise NotFound("no message at this position")
+            self.check_open()
             ondemand = pipe.type == "ondemand"
             if ondemand and not pipe.messages and self._pull(pipe):
                 continue

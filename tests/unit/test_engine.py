@@ -193,6 +193,24 @@ async def test_A6_deleting_the_pipe_ends_waits_with_404() -> None:
             await waiter
 
 
+async def test_shutdown_ends_waits_with_a_retriable_503() -> None:
+    e = engine()
+    pipe = new_pipe(e)
+    waiter = asyncio.create_task(e.wait_message(Slot(pipe, 1), 5))
+    await asyncio.sleep(0.02)
+    e.shutdown()
+    async with asyncio.timeout(0.5):
+        with pytest.raises(ServiceUnavailable) as caught:
+            await waiter
+    assert caught.value.retry_after >= 1
+    with pytest.raises(ServiceUnavailable):  # a new wait is refused at once
+        await e.wait_message(Slot(pipe, 1), 5)
+    e.publish(
+        e.default_feed, [msg("late", address=pipe.key)]
+    )  # a message already there is still served
+    assert (await e.wait_message(Slot(pipe, 1), 5)) is not None
+
+
 # ---------------------------------------------------------------- fanout-style routing
 def test_F15_F16_default_join_and_default_feed_rules() -> None:
     e = engine()
