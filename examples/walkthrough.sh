@@ -83,7 +83,7 @@ echo "asynclet (where the next message will be): $ASYNCLET"
 
 step "3. Publish to the default feed, addressed to the pipe"
 call 200 POST "$DEFAULT_FEED" -H "Content-Type: $XML" --data "<restms xmlns=\"$NS\">\
-<message address=\"$PIPE_NAME\" message_id=\"hello-1\"><header name=\"lang\" value=\"en\"/>\
+<message address=\"$PIPE_NAME\" message_id=\"hello-$PIPE_NAME\"><header name=\"lang\" value=\"en\"/>\
 <content type=\"text/plain\" encoding=\"plain\">Hello, RestMS</content></message></restms>"
 expect 'count="1"' "publish reply"
 

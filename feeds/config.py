@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from restms.errors import BadRequest
-from restms.specs import FeedSpec
+from restms.specs import OVERFLOW_POLICIES, FeedSpec
 
 DEFAULT_FEED = "default"
 DEFAULT_DOMAIN = "default"
+DEAD_LETTER_FEED = "dead-letter"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,19 +34,40 @@ class EngineConfig:
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = ()
     default_feed_type: str = ""  # "direct" for older clients (L4)
-    max_pipe_messages: int = 10_000  # Q2
+    # Per-pipe limits (Q2) and what a full pipe does: the defaults, and the most a pipe
+    # may ask for. "skip" leaves a full pipe out, "reject" fails the publish (503),
+    # "drop-oldest" makes room.
+    max_pipe_messages: int = 10_000
+    max_pipe_bytes: int = 64 * 1024 * 1024
+    overflow: str = "skip"
     max_feed_queue: int = 10_000  # F8, Q22
     listing_cap: int = 1_000  # A8
     staged_ttl: float = 300.0  # M4
     max_staged_bytes: int = 256 * 1024 * 1024
+    # Acknowledgement leases: seconds a fetched message may stay unacknowledged before
+    # it is delivered again (0: never), and how many deliveries before dead-lettering.
+    lease: float = 300.0
+    max_deliveries: int = 5
+    dead_letter_feed: str = DEAD_LETTER_FEED  # "": dead letters are discarded (counted)
+    pipe_idle_timeout: float = 600.0  # Q1: idle private pipes are collected (0: never)
+    # Deduplication per feed on message_id: seconds and ids remembered (0 seconds: off).
+    dedup_window: float = 600.0
+    dedup_max: int = 10_000
 
     def __post_init__(self) -> None:
         if not self.domains:
             raise ValueError("at least one domain is needed")
-        if min(self.max_pipe_messages, self.max_feed_queue, self.listing_cap) < 1:
-            raise ValueError("max_pipe_messages, max_feed_queue and listing_cap must be positive")
-        if self.staged_ttl <= 0 or self.max_staged_bytes < 0:
-            raise ValueError("staged_ttl must be positive and max_staged_bytes not negative")
+        positive = "max_pipe_messages max_pipe_bytes max_feed_queue listing_cap max_deliveries"
+        for key in (*positive.split(), "dedup_max"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be positive")
+        for key in ("lease", "pipe_idle_timeout", "dedup_window", "max_staged_bytes"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"{key} must not be negative")
+        if self.staged_ttl <= 0:
+            raise ValueError("staged_ttl must be positive")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {', '.join(sorted(OVERFLOW_POLICIES))}")
         names = [name for name, _ in self.domains]
         if len(set(names)) != len(names):
             raise ValueError("a domain is declared twice")
@@ -70,3 +92,10 @@ class Counters:
     requeued: int = 0
     discarded: int = 0
     expired: int = 0
+    dropped_oldest: int = 0  # overflow "drop-oldest" made room
+    rejected_full: int = 0  # publishes refused by a full "reject" pipe
+    redelivered: int = 0  # leases that ran out
+    dead_lettered: int = 0
+    dead_discarded: int = 0  # dead letters with nowhere to go
+    duplicates: int = 0  # message_ids seen again within the window
+    collected: int = 0  # idle pipes collected (Q1)

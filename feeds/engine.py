@@ -34,16 +34,31 @@ The engine knows nothing of HTTP; it raises :mod:`restms.errors` exceptions.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import heapq
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
 
 from restms import names
-from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
-from restms.specs import FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec, Update
+from restms.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
+from restms.specs import (
+    Duplicate,
+    EmbeddedContent,
+    FeedSpec,
+    JoinSpec,
+    LinkedContent,
+    MessageSpec,
+    PipeOptions,
+    PipeSpec,
+    Update,
+)
 from restms.uris import split_path
 
 from .config import DEFAULT_FEED, Counters, EngineConfig, FeedConfig
+from .dedup import DedupWindow
 from .model import (
     Blob,
     Clock,
@@ -54,6 +69,7 @@ from .model import (
     Part,
     PartRef,
     Pipe,
+    PipeSettings,
     Queued,
     Resource,
     Slot,
@@ -62,7 +78,17 @@ from .model import (
 )
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
 from .selection import capacity, eligible, matching
-from .store import Op, Snapshot, decode_parts, dumps, loads, message_spec, persistent, record
+from .store import (
+    Op,
+    Snapshot,
+    decode_parts,
+    dumps,
+    loads,
+    message_spec,
+    persistent,
+    record,
+    redeliveries,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +121,20 @@ class Engine:
             title="Default feed",
             domain=first,
         )
-        for feed in (default, *self.config.feeds):
+        configured = [default, *self.config.feeds]
+        dead_letter = self.config.dead_letter_feed
+        if dead_letter and all(feed.name != dead_letter for feed in configured):
+            configured.append(
+                FeedConfig(name=dead_letter, type="rotator", title="Dead letters", domain=first)
+            )
+        for feed in configured:
             self._configure(feed)
         self.default_feed = self.public_feeds[DEFAULT_FEED]
+        # Leases running (end, tie-break, pipe, message), soonest first; stale entries
+        # (acknowledged or moved messages) are skipped when they come up.
+        self._leases: list[tuple[float, int, Pipe, Message]] = []
+        self._tick = itertools.count()
+        self._rejecting = 0  # live pipes whose overflow policy is "reject"
         # Durability (None until restore): records of changes, and pipes whose next
         # position has moved since the last look.
         self.journal: list[Op] | None = None
@@ -138,11 +175,14 @@ class Engine:
                 now=now,
             )
             self._register(feed, now)
-        for key, type_, title, domain_name, owner, next_seq in snapshot.pipes:
+        for key, type_, title, domain_name, owner, next_seq, options in snapshot.pipes:
             domain = self.domains.get(domain_name) or self.default_feed.domain
-            pipe = Pipe(key, type_, title, domain, owner, now)
+            settings = self._settings(PipeOptions(**loads(options)), check=False)
+            pipe = Pipe(key, type_, title, domain, owner, now, settings)
             pipe.next_seq = next_seq
+            pipe.accessed = mono
             self._private[key] = pipe
+            self._rejecting += pipe.overflow == "reject"
         for key, pipe_key, feed_key, type_, address, headers, is_default in snapshot.joins:
             owner_pipe, target = self._private.get(pipe_key), self._feed_by_key(feed_key)
             if not isinstance(owner_pipe, Pipe) or target is None:
@@ -151,34 +191,57 @@ class Engine:
             pairs = tuple((k, v) for k, v in loads(headers))
             spec = JoinSpec(feed_path="", address=address, type=type_, headers=pairs)
             self._link(owner_pipe, target, spec, bool(is_default), now, key=key)
+        seen: list[tuple[float, Feed, str]] = []  # message ids, to refill dedup windows
         for pipe_key, seq, source_key, data in snapshot.messages:
             holder = self._private.get(pipe_key)
             if not isinstance(holder, Pipe):
                 continue
             pipe = holder
             fields = loads(data)
+            stored, parts = message_spec(fields), decode_parts(fields[6])
             source = self._feed_by_key(source_key) if source_key else None
-            message = Message(
-                seq, message_spec(fields), decode_parts(fields[6]), fields[3], source, fields[4]
-            )
+            message = Message(seq, stored, parts, fields[3], source, fields[4])
             message.durable = True
+            message.size = _size(parts)
+            message.redeliveries = redeliveries(fields)
             if fields[5] is not None:
                 message.expires = mono + (fields[5] - now)
                 pipe.expiring += 1
             pipe.messages[seq] = message
+            pipe.bytes += message.size
             pipe.next_seq = max(pipe.next_seq, seq + 1)
+            origin = source or (self.public_feeds.get(fields[3]) if fields[3] else None)
+            message_id = stored.prop("message_id")
+            if origin is not None and message_id:
+                seen.append((fields[4], origin, message_id))
         for feed_key, qid, data in snapshot.queued:
             queue_feed = self._feed_by_key(feed_key)
             if queue_feed is None:
                 continue
             fields = loads(data)
-            queue_feed.queue.append((message_spec(fields), decode_parts(fields[6]), qid))
+            entry = (message_spec(fields), decode_parts(fields[6]), qid, redeliveries(fields))
+            queue_feed.queue.append(entry)
             queue_feed.qfront = min(queue_feed.qfront, qid - 1)
             queue_feed.qback = max(queue_feed.qback, qid)
+        self._refill_windows(seen, now, mono)
         self.journal = []
         for found in [*self.public_feeds.values(), *self._private.values()]:
             if isinstance(found, Feed) and found.queue:
                 self._drain(found)  # pipes that can take queued work get it now
+
+    def _refill_windows(self, seen: list[tuple[float, Feed, str]], now: float, mono: float) -> None:
+        """Dedup windows from the stored messages: a publish retried across a restart is
+        still a duplicate while a copy of it is held (its count: the copies held)."""
+        if not self.config.dedup_window:
+            return
+        copies: dict[tuple[Feed, str], int] = {}
+        for _, feed, message_id in seen:
+            copies[feed, message_id] = copies.get((feed, message_id), 0) + 1
+        for arrived, feed, message_id in sorted(seen, key=lambda item: item[0]):
+            age = max(0.0, now - arrived)
+            window = self._window(feed)
+            if window.get(message_id, mono) is None and age < window.window:
+                window.add(message_id, copies[feed, message_id], mono - age)
 
     def _feed_by_key(self, key: str) -> Feed | None:
         found = self.public_feeds.get(key) or self._private.get(key)
@@ -222,10 +285,15 @@ class Engine:
         """The private resource ``/restms/resource/{key}`` names, or 404."""
         found = self._private.get(key)
         if found is not None:
+            if isinstance(found, Pipe):
+                found.accessed = self._mono()
+            elif isinstance(found, Join):
+                found.pipe.accessed = self._mono()
             return found
         pipe_key, dot, rest = key.partition(".")
         pipe = self._private.get(pipe_key) if dot else None
         if isinstance(pipe, Pipe):
+            pipe.accessed = self._mono()
             seq_text, dot, index_text = rest.partition(".")
             if seq_text.isdigit() and (not dot or index_text.isdigit()):
                 seq = int(seq_text)
@@ -345,12 +413,41 @@ class Engine:
         """C5, C9, F15, P5: a new private pipe; default and stream pipes join ``default``."""
         now = self._wall()
         key = names.new_hash()
-        pipe = Pipe(key, spec.type, spec.title, domain, owner, now)
+        pipe = Pipe(key, spec.type, spec.title, domain, owner, now, self._settings(spec.options))
+        pipe.accessed = self._mono()
         self._private[key] = pipe
+        self._rejecting += pipe.overflow == "reject"
         self._log_pipe(pipe)
         if spec.type != "ondemand":
             self._link(pipe, self.default_feed, JoinSpec(feed_path="", address=key), True, now)
         return pipe
+
+    def _settings(self, options: PipeOptions, *, check: bool = True) -> PipeSettings:
+        """A pipe's options with the defaults filled in; 400 for more than the maximums.
+
+        Stored pipes are restored unchecked: a dead-letter feed that has gone since is
+        looked for again when a message needs it.
+        """
+        config = self.config
+        limits = (
+            ("max_messages", options.max_messages, config.max_pipe_messages),
+            ("max_bytes", options.max_bytes, config.max_pipe_bytes),
+        )
+        for name, asked, most in limits:
+            if check and asked is not None and asked > most:
+                raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
+        if check and options.dead_letter:
+            self.feed_at(options.dead_letter)  # 400 when it names no feed
+        return PipeSettings(
+            durable=bool(options.durable),
+            lease=config.lease if options.lease is None else options.lease,
+            max_deliveries=options.max_deliveries or config.max_deliveries,
+            dead_letter=options.dead_letter,
+            max_messages=options.max_messages or config.max_pipe_messages,
+            max_bytes=options.max_bytes or config.max_pipe_bytes,
+            overflow=options.overflow or config.overflow,
+            given=options.given(),
+        )
 
     def update_pipe(self, pipe: Pipe, update: Update) -> Pipe:
         """L8: a PUT on a pipe may change its title, nothing else."""
@@ -365,7 +462,15 @@ class Engine:
     def _log_pipe(self, pipe: Pipe) -> None:
         if self.journal is not None:
             self.journal.append(
-                ("pipe", pipe.key, pipe.type, pipe.title, pipe.domain.name, pipe.owner)
+                (
+                    "pipe",
+                    pipe.key,
+                    pipe.type,
+                    pipe.title,
+                    pipe.domain.name,
+                    pipe.owner,
+                    dumps(pipe.options).decode(),
+                )
             )
 
     def delete_pipe(self, pipe: Pipe) -> None:
@@ -376,6 +481,7 @@ class Engine:
         pipe.deleted = True
         self._private.pop(pipe.key, None)
         self._moved.discard(pipe)
+        self._rejecting -= pipe.overflow == "reject"
         if self.journal is not None:
             self.journal.append(("pipe-", pipe.key))
         # Q1: work a queueing feed gave this pipe and nobody acknowledged goes back.
@@ -383,10 +489,11 @@ class Engine:
         for message in reversed(pipe.messages.values()):
             source = message.source
             if source is not None and not source.deleted:
-                self._enqueue(source, message.spec, message.parts, front=True)
+                self._requeue(source, message)
                 requeued.add(source)
                 self.counters.requeued += 1
         pipe.messages.clear()
+        pipe.bytes = 0
         for join in list(pipe.joins.values()):
             self._unlink(join, now, cascade=True)
         for feed in requeued:
@@ -505,7 +612,10 @@ class Engine:
         staged.wake()
 
     def sweep(self) -> int:
-        """Drop staged contents past their TTL (M4); returns how many went."""
+        """Background upkeep: leases that ran out, idle pipes (Q1) and staged contents
+        past their TTL (M4); returns how many staged contents went."""
+        self.sweep_leases()
+        self.collect_idle()
         now = self._mono()
         expired = [
             s for s in self._private.values() if isinstance(s, StagedContent) and s.expires <= now
@@ -517,10 +627,15 @@ class Engine:
 
     # ------------------------------------------------------------ publish
     def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
-        """Route messages in order; returns the join count for each (F18, F20)."""
+        """Route messages in order; returns the join count for each (F18, F20).
+
+        A message whose ``message_id`` the feed routed within the dedup window is not
+        routed again: its count is a :class:`Duplicate` of the first one's.
+        """
         _alive(feed)
+        repeats = self._repeats(feed, messages)
         if feed.type in QUEUEING_TYPES:
-            would_queue = len(messages) - capacity(feed, self.config.max_pipe_messages)
+            would_queue = len(messages) - len(repeats) - capacity(feed)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
                 raise ServiceUnavailable(
                     f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
@@ -528,22 +643,109 @@ class Engine:
                     f"{would_queue} more; retry later",
                     1,
                 )
-        parts = self._claim_contents(feed, messages)
+        elif self._rejecting:
+            self._check_room(feed, messages, repeats)
+        parts = self._claim_contents(feed, messages, repeats)
         now = self._wall()
-        counts = [
-            self._route(feed, spec, part, now) for spec, part in zip(messages, parts, strict=True)
-        ]
-        self.counters.published += len(messages)
+        window = self._window(feed) if self.config.dedup_window else None
+        mono = self._mono() if window is not None else 0.0
+        counts: list[int] = []
+        for index, (spec, part) in enumerate(zip(messages, parts, strict=True)):
+            message_id = spec.prop("message_id") if window is not None else None
+            if repeats and index in repeats:
+                assert window is not None
+                assert message_id
+                counts.append(Duplicate(window.get(message_id, mono) or 0))
+                continue
+            count = self._route(feed, spec, part, now, persistent(spec), _size(part))
+            counts.append(count)
+            if message_id:
+                assert window is not None
+                window.add(message_id, count, mono)
+        self.counters.published += len(messages) - len(repeats)
+        self.counters.duplicates += len(repeats)
         return counts
 
+    def _window(self, feed: Feed) -> DedupWindow:
+        if feed.seen is None:
+            feed.seen = DedupWindow(self.config.dedup_window, self.config.dedup_max)
+        return feed.seen
+
+    def _repeats(self, feed: Feed, messages: Sequence[MessageSpec]) -> set[int]:
+        """Positions of messages whose ``message_id`` is in the window or earlier in
+        this same request: they are answered, not routed."""
+        if not self.config.dedup_window:
+            return set()
+        window, mono = feed.seen, self._mono()
+        repeats: set[int] = set()
+        fresh: set[str] = set()
+        for index, spec in enumerate(messages):
+            message_id = spec.prop("message_id")
+            if not message_id:
+                continue
+            if message_id in fresh or (
+                window is not None and window.get(message_id, mono) is not None
+            ):
+                repeats.add(index)
+            else:
+                fresh.add(message_id)
+        return repeats
+
+    def _check_room(self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]) -> None:
+        """Overflow policy "reject": the whole publish fails, before anything is routed,
+        when a matching pipe would pass its limits (503 naming the pipe)."""
+        need: dict[Pipe, list[int]] = {}
+        for index, spec in enumerate(messages):
+            if index in skip:
+                continue
+            size = -1
+            for pipe in {join.pipe for join in matching(feed, spec)}:
+                if pipe.overflow != "reject":
+                    continue
+                if size < 0:
+                    size = self._spec_size(spec)
+                if size > pipe.max_bytes:
+                    raise PayloadTooLarge(
+                        f"a message of {size} bytes is larger than pipe {_label(pipe)} "
+                        f"accepts ({pipe.max_bytes} bytes)"
+                    )
+                wanted = need.setdefault(pipe, [0, 0])
+                wanted[0] += 1
+                wanted[1] += size
+        for pipe, (count, size) in need.items():
+            if len(pipe.messages) + count > pipe.max_messages or pipe.bytes + size > pipe.max_bytes:
+                self.counters.rejected_full += 1
+                raise ServiceUnavailable(
+                    f"pipe {_label(pipe)} is full ({len(pipe.messages)} of {pipe.max_messages} "
+                    f"messages, {pipe.bytes} of {pipe.max_bytes} bytes) and rejects more; "
+                    "retry later",
+                    5,
+                )
+
+    def _spec_size(self, spec: MessageSpec) -> int:
+        total = 0
+        for content in spec.contents:
+            if isinstance(content, EmbeddedContent):
+                total += len(content.value)
+            else:
+                staged = self._staged_at(content.path)
+                total += len(staged.blob.data) if staged is not None else 0
+        return total
+
     def _claim_contents(
-        self, feed: Feed, messages: Sequence[MessageSpec]
+        self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]
     ) -> list[list[Part | None]]:
-        """M8-M10: check every reference first; only then use the staged contents up."""
+        """M8-M10: check every reference first; only then use the staged contents up.
+
+        Repeated messages (``skip``) are not routed, so their references are not used.
+        """
         claimed: dict[str, StagedContent] = {}
         out: list[list[Part | None]] = []
-        for spec in messages:
+        for index, spec in enumerate(messages):
             parts: list[Part | None] = []
+            out.append(parts)
+            if skip and index in skip:
+                continue
             for content in spec.contents:
                 if not isinstance(content, LinkedContent):
                     parts.append(content)
@@ -555,7 +757,6 @@ class Engine:
                     raise Forbidden(f"staged content {content.path} belongs to another feed")
                 claimed[staged.key] = staged
                 parts.append(staged.blob)
-            out.append(parts)
         for staged in claimed.values():
             self.delete_staged(staged)
         return out
@@ -567,14 +768,23 @@ class Engine:
         found = self._private.get(where[1])
         return found if isinstance(found, StagedContent) else None
 
-    def _route(self, feed: Feed, spec: MessageSpec, parts: list[Part | None], now: float) -> int:
+    def _route(
+        self,
+        feed: Feed,
+        spec: MessageSpec,
+        parts: list[Part | None],
+        now: float,
+        durable: bool,
+        size: int,
+        redeliveries: int = 0,
+    ) -> int:
         if feed.type in QUEUEING_TYPES:
-            join = eligible(feed, self.config.max_pipe_messages)
+            join = eligible(feed)
             if join is None:
-                self._enqueue(feed, spec, parts, front=False)
+                self._enqueue(feed, (spec, parts, None, redeliveries), durable, front=False)
                 self.counters.queued += 1
                 return 0
-            self._deliver(join.pipe, spec, parts, feed, now)
+            self._deliver(join.pipe, spec, parts, feed, now, durable, size, redeliveries)
             return 1
         joins = matching(feed, spec)
         if not joins:
@@ -582,28 +792,52 @@ class Engine:
         count = 0
         # A pipe gets one copy however many of its joins match; each matching join counts.
         took: set[Pipe] | None = None if len(joins) == 1 else set()
-        limit = self.config.max_pipe_messages
         for join in joins:
             pipe = join.pipe
             if took is not None and pipe in took:
                 count += 1
                 continue
-            if len(pipe.messages) >= limit:
+            full = len(pipe.messages) >= pipe.max_messages or pipe.bytes + size > pipe.max_bytes
+            if full and (pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)):
                 self.counters.skipped_full += 1
                 continue
             count += 1
             if took is not None:
                 took.add(pipe)
-            self._deliver(pipe, spec, parts, feed, now)
+            self._deliver(pipe, spec, parts, feed, now, durable, size, redeliveries)
         return count
 
+    def _make_room(self, pipe: Pipe, size: int) -> bool:
+        """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of
+        ``size`` bytes fits; False when it never could."""
+        if size > pipe.max_bytes:
+            return False
+        while pipe.messages and (
+            len(pipe.messages) >= pipe.max_messages or pipe.bytes + size > pipe.max_bytes
+        ):
+            self._drop(pipe, next(iter(pipe.messages)))
+            self.counters.dropped_oldest += 1
+        return True
+
     def _deliver(
-        self, pipe: Pipe, spec: MessageSpec, parts: list[Part | None], feed: Feed, now: float
-    ) -> None:
+        self,
+        pipe: Pipe,
+        spec: MessageSpec,
+        parts: list[Part | None],
+        feed: Feed,
+        now: float,
+        durable: bool,
+        size: int,
+        redeliveries: int = 0,
+    ) -> Message:
         seq = pipe.next_seq
         pipe.next_seq = seq + 1
         source = feed if feed.type in QUEUEING_TYPES else None
         message = Message(seq, spec, list(parts), feed.name, source, now)
+        message.size = size
+        pipe.bytes += size
+        if redeliveries:
+            message.redeliveries = redeliveries
         ttl = spec.prop("expiration")
         if ttl is not None:
             message.expires = self._mono() + int(ttl) / 1000
@@ -612,10 +846,11 @@ class Engine:
         self.counters.routed += 1
         if self.journal is not None:
             self._moved.add(pipe)
-            if persistent(spec):
+            if durable or pipe.durable:
                 message.durable = True
                 self._log_message(pipe, message)
         pipe.touch(now)
+        return message
 
     def _log_message(self, pipe: Pipe, message: Message) -> None:
         assert self.journal is not None
@@ -626,6 +861,7 @@ class Engine:
             message.feed_name,
             message.arrived,
             self._expires_at(message.expires),
+            message.redeliveries,
         )
         self.journal.append(("msg", pipe.key, message.seq, source, data))
 
@@ -633,40 +869,44 @@ class Engine:
         """A monotonic deadline as wall-clock time, which survives a restart."""
         return None if deadline is None else self._wall() + (deadline - self._mono())
 
-    def _enqueue(
-        self, feed: Feed, spec: MessageSpec, parts: list[Part | None], *, front: bool
-    ) -> None:
+    def _enqueue(self, feed: Feed, entry: Queued, durable: bool, *, front: bool) -> None:
+        spec, parts, _, redelivered = entry
         qid: int | None = None
-        if self.journal is not None and persistent(spec):
+        if self.journal is not None and durable:
             if front:
                 qid = feed.qfront
                 feed.qfront -= 1
             else:
                 feed.qback += 1
                 qid = feed.qback
-            data = record(spec, parts, feed.name, 0.0, None)
+            data = record(spec, parts, feed.name, 0.0, None, redelivered)
             self.journal.append(("queue+", feed.key, qid, data))
-        entry: Queued = (spec, parts, qid)
+        entry = (spec, parts, qid, redelivered)
         if front:
             feed.queue.appendleft(entry)
         else:
             feed.queue.append(entry)
 
-    def _dequeue(self, feed: Feed) -> tuple[MessageSpec, list[Part | None]]:
-        spec, parts, qid = feed.queue.popleft()
+    def _requeue(self, feed: Feed, message: Message) -> None:
+        """Q1: an unacknowledged message goes back to the front of its feed's queue."""
+        entry = (message.spec, message.parts, None, message.redeliveries)
+        self._enqueue(feed, entry, message.durable, front=True)
+
+    def _hand_out(self, feed: Feed, pipe: Pipe) -> None:
+        """Give the pipe the message at the front of the feed's queue."""
+        spec, parts, qid, redelivered = feed.queue.popleft()
         if qid is not None and self.journal is not None:
             self.journal.append(("queue-", feed.key, qid))
-        return spec, parts
+        durable = qid is not None or persistent(spec)
+        self._deliver(pipe, spec, parts, feed, self._wall(), durable, _size(parts), redelivered)
 
     def _drain(self, feed: Feed) -> None:
         """F8: hand queued messages to eligible pipes, in order."""
-        now = self._wall()
         while feed.queue and not feed.deleted:
-            join = eligible(feed, self.config.max_pipe_messages)
+            join = eligible(feed)
             if join is None:
                 return
-            spec, parts = self._dequeue(feed)
-            self._deliver(join.pipe, spec, parts, feed, now)
+            self._hand_out(feed, join.pipe)
 
     # ------------------------------------------------------------ delivery
     def listing(self, pipe: Pipe) -> tuple[list[Message], int | None]:
@@ -697,12 +937,133 @@ class Engine:
             seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
         ]
         for seq in expired:
-            if pipe.messages.pop(seq).durable and self.journal is not None:
-                self.journal.append(("drop", pipe.key, seq))
+            self._drop(pipe, seq)
         pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
         if expired:
             self.counters.expired += len(expired)
             pipe.touch(self._wall())
+
+    def _drop(self, pipe: Pipe, seq: int) -> Message:
+        """Take one message out of its pipe (expired, overflowed or redelivered)."""
+        message = pipe.messages.pop(seq)
+        pipe.bytes -= message.size
+        if message.durable and self.journal is not None:
+            self.journal.append(("drop", pipe.key, seq))
+        return message
+
+    # ------------------------------------------------------------ leases
+    def lease(self, pipe: Pipe, message: Message) -> None:
+        """A reader fetched this message: unless it is acknowledged within the pipe's
+        lease, it is delivered again (or dead-lettered after ``max_deliveries``)."""
+        if pipe.lease <= 0 or message.leased is not None or pipe.deleted:
+            return
+        if pipe.messages.get(message.seq) is not message:
+            return
+        message.leased = self._mono() + pipe.lease
+        heapq.heappush(self._leases, (message.leased, next(self._tick), pipe, message))
+
+    def sweep_leases(self) -> int:
+        """Redeliver every message whose lease ran out; returns how many."""
+        now, leases, ran_out = self._mono(), self._leases, 0
+        while leases and leases[0][0] <= now:
+            _, _, pipe, message = heapq.heappop(leases)
+            if pipe.deleted or pipe.messages.get(message.seq) is not message:
+                continue  # acknowledged, expired or moved meanwhile
+            ran_out += 1
+            self._lease_ran_out(pipe, message)
+        return ran_out
+
+    def _lease_ran_out(self, pipe: Pipe, message: Message) -> None:
+        """At-least-once: the message leaves its position and is delivered again, to a
+        pipe of its rotator or service feed (so another worker may get it) or at the end
+        of this pipe; after ``max_deliveries`` fetches it goes to the dead-letter feed."""
+        self._drop(pipe, message.seq)
+        message.leased = None
+        message.redeliveries += 1
+        self.counters.redelivered += 1
+        now = self._wall()
+        source = message.source
+        if message.redeliveries >= pipe.max_deliveries:
+            self._dead_letter(pipe, message, now)
+        elif source is not None and not source.deleted:
+            self._requeue(source, message)
+            self._drain(source)
+        else:
+            again = self._deliver(
+                pipe,
+                message.spec,
+                message.parts,
+                self.default_feed,
+                now,
+                message.durable,
+                message.size,
+                message.redeliveries,
+            )
+            again.feed_name, again.arrived = message.feed_name, message.arrived
+            if message.expires is not None:
+                again.expires = message.expires
+                pipe.expiring += 1
+            if again.durable and self.journal is not None:
+                self._log_message(pipe, again)  # with the names and times it came with
+        pipe.touch(now)
+
+    def _dead_letter(self, pipe: Pipe, message: Message, now: float) -> None:
+        """Publish the message to the pipe's dead-letter feed, with headers saying why."""
+        path = pipe.dead_letter
+        target: Feed | None
+        if path is None:
+            target = self.public_feeds.get(self.config.dead_letter_feed)
+        else:
+            target = self._feed_at(path) if path else None
+        spec = dataclasses.replace(
+            message.spec,
+            headers=(
+                *message.spec.headers,
+                ("x-death-reason", "max-deliveries"),
+                ("x-delivery-count", str(message.redeliveries)),
+                ("x-original-feed", message.feed_name or ""),
+            ),
+        )
+        full = (
+            target is not None
+            and target.type in QUEUEING_TYPES
+            and eligible(target) is None
+            and len(target.queue) >= self.config.max_feed_queue
+        )
+        if target is None or target.deleted or full:
+            self.counters.dead_discarded += 1
+            log.warning("a dead letter had nowhere to go and was discarded")
+            return
+        self._route(target, spec, message.parts, now, message.durable, message.size)
+        self.counters.dead_lettered += 1
+
+    def _feed_at(self, path: str) -> Feed | None:
+        try:
+            return self.feed_at(path)
+        except BadRequest:
+            return None
+
+    # ------------------------------------------------------------ idle pipes
+    def collect_idle(self) -> int:
+        """Q1: delete private pipes no request touched for ``pipe_idle_timeout`` seconds
+        and nobody waits on; their unacknowledged rotator/service work goes back."""
+        timeout = self.config.pipe_idle_timeout
+        if not timeout:
+            return 0
+        cutoff = self._mono() - timeout
+        idle = [
+            found
+            for found in self._private.values()
+            if isinstance(found, Pipe)
+            and found.accessed < cutoff
+            and not found.waiting
+            and not found.demand
+        ]
+        for pipe in idle:
+            log.info("idle pipe collected", extra={"messages": len(pipe.messages)})
+            self.delete_pipe(pipe)
+        self.counters.collected += len(idle)
+        return len(idle)
 
     def pending(self, slot: Slot) -> bool:
         """True when the slot is the asynclet: the next position of a live pipe (A3, A5)."""
@@ -743,8 +1104,7 @@ class Engine:
         for join in pipe.joins.values():
             feed = join.feed
             if feed.queue:
-                spec, parts = self._dequeue(feed)
-                self._deliver(pipe, spec, parts, feed, self._wall())
+                self._hand_out(feed, pipe)
                 return True
         return False
 
@@ -759,7 +1119,7 @@ class Engine:
             oldest = next(iter(messages))
             if oldest > slot.seq:
                 break
-            del messages[oldest]
+            pipe.bytes -= messages.pop(oldest).size
             removed += 1
         if removed:
             self.counters.acknowledged += removed
@@ -783,14 +1143,19 @@ class Engine:
 
     def delete_part(self, ref: PartRef) -> None:
         message = self.message(Slot(ref.pipe, ref.seq))
-        if message is not None and ref.index < len(message.parts) and message.parts[ref.index]:
+        part = message.parts[ref.index] if message and ref.index < len(message.parts) else None
+        if message is not None and part is not None:
             message.parts[ref.index] = None
+            gone = _size([part])
+            message.size -= gone
+            ref.pipe.bytes -= gone
             if message.durable and self.journal is not None:
                 self._log_message(ref.pipe, message)
             ref.pipe.touch(self._wall())
 
     def stream(self, pipe: Pipe, after: int) -> Iterator[Message]:
         """Messages held in the pipe at positions after ``after``, oldest first."""
+        pipe.accessed = self._mono()
         self._expire(pipe)
         for seq, message in pipe.messages.items():
             if seq > after:
@@ -801,3 +1166,20 @@ def _alive(resource: Watchable) -> None:
     """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
     if resource.deleted:
         raise NotFound("the resource was deleted")
+
+
+def _size(parts: Sequence[Part | None]) -> int:
+    """Content bytes of a message, as pipe byte limits count them."""
+    total = 0
+    for part in parts:
+        if part is None:
+            continue
+        total += len(part.data) if isinstance(part, Blob) else len(part.value)
+    return total
+
+
+def _label(pipe: Pipe) -> str:
+    """How replies to others name a pipe: its title and a digest of its name, never the
+    name itself, which is the pipe's capability."""
+    digest = hashlib.sha256(pipe.key.encode()).hexdigest()[:12]
+    return f"{pipe.title!r} (sha256 {digest})" if pipe.title else f"sha256 {digest}"

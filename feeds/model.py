@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
 
+from .dedup import DedupWindow
 from .routing import Matcher
 
 
@@ -79,8 +80,9 @@ class Blob:
 
 
 Part = EmbeddedContent | Blob  # one content of a delivered message
-# A message waiting in a rotator or service feed: its queue id when it is in the store.
-Queued = tuple[MessageSpec, list[Part | None], int | None]
+# A message waiting in a rotator or service feed: its queue id when it is in the store,
+# and how many of its leases ran out before it came back to the queue.
+Queued = tuple[MessageSpec, list[Part | None], int | None, int]
 
 
 class StagedContent(Watchable):
@@ -100,7 +102,19 @@ class StagedContent(Watchable):
 class Message:
     """A message held in a pipe at one position (A3)."""
 
-    __slots__ = ("arrived", "durable", "expires", "feed_name", "parts", "seq", "source", "spec")
+    __slots__ = (
+        "arrived",
+        "durable",
+        "expires",
+        "feed_name",
+        "leased",
+        "parts",
+        "redeliveries",
+        "seq",
+        "size",
+        "source",
+        "spec",
+    )
 
     def __init__(
         self,
@@ -119,6 +133,9 @@ class Message:
         self.arrived = arrived
         self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
         self.durable = False  # held in the store too (persistent delivery mode)
+        self.size = 0  # content bytes, counted against the pipe's byte limit
+        self.redeliveries = 0  # leases that ran out before it was acknowledged
+        self.leased: float | None = None  # monotonic end of the current lease
 
     @property
     def version(self) -> int:
@@ -155,6 +172,7 @@ class Feed(Watchable):
         "qfront",
         "queue",
         "rr",
+        "seen",
         "staged",
         "title",
         "topic_cache",
@@ -192,6 +210,7 @@ class Feed(Watchable):
         self.rr = 0  # round-robin cursor
         self.had_join = False  # a service feed deletes itself after its last join (F8)
         self.staged: dict[str, StagedContent] = {}
+        self.seen: DedupWindow | None = None  # message_ids routed recently (made on use)
 
     @property
     def public(self) -> bool:
@@ -200,20 +219,37 @@ class Feed(Watchable):
 
 class Pipe(Watchable):
     __slots__ = (
+        "accessed",
+        "bytes",
+        "dead_letter",
         "demand",
         "domain",
+        "durable",
         "expiring",
         "joins",
         "key",
+        "lease",
+        "max_bytes",
+        "max_deliveries",
+        "max_messages",
         "messages",
         "next_seq",
+        "options",
+        "overflow",
         "owner",
         "title",
         "type",
     )
 
     def __init__(
-        self, key: str, type: str, title: str | None, domain: Domain, owner: str, now: float
+        self,
+        key: str,
+        type: str,
+        title: str | None,
+        domain: Domain,
+        owner: str,
+        now: float,
+        settings: PipeSettings,
     ):
         super().__init__(now)
         self.key = key  # the pipe name is its hash (U6)
@@ -226,9 +262,37 @@ class Pipe(Watchable):
         self.next_seq = 1  # the asynclet's position (A3)
         self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
         self.expiring = 0  # messages with an expiration deadline (Q30)
+        self.bytes = 0  # content bytes held
+        self.accessed = 0.0  # monotonic time of the last request that touched it (Q1)
+        self.options = settings.given  # what the client asked for, as the store keeps it
+        self.durable = settings.durable
+        self.lease = settings.lease
+        self.max_deliveries = settings.max_deliveries
+        self.dead_letter = settings.dead_letter
+        self.max_messages = settings.max_messages
+        self.max_bytes = settings.max_bytes
+        self.overflow = settings.overflow
 
     def oldest(self) -> int | None:
         return next(iter(self.messages), None)
+
+    def full(self, size: int) -> bool:
+        """Whether one more message of ``size`` bytes would pass a limit (Q2)."""
+        return len(self.messages) >= self.max_messages or self.bytes + size > self.max_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipeSettings:
+    """A pipe's options with the configuration's defaults filled in."""
+
+    durable: bool
+    lease: float
+    max_deliveries: int
+    dead_letter: str | None  # a feed URI path; None: the configured dead-letter feed
+    max_messages: int
+    max_bytes: int
+    overflow: str
+    given: dict[str, object]
 
 
 class Join(Watchable):

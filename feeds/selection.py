@@ -35,18 +35,18 @@ def matching(feed: Feed, spec: MessageSpec) -> list[Join]:
     return [j for j in feed.joins.values() if j.match is None or j.match(spec.address, header_map)]
 
 
-def capacity(feed: Feed, limit: int) -> int:
+def capacity(feed: Feed) -> int:
     """How many messages the pipes joined to a rotator/service feed can take now."""
     room = 0
     for pipe in {join.pipe for join in feed.joins.values()}:
         if pipe.type == "ondemand":
             room += 1 if pipe.demand > 0 and not pipe.messages else 0
-        else:
-            room += max(0, limit - len(pipe.messages))
+        elif pipe.bytes < pipe.max_bytes:
+            room += max(0, pipe.max_messages - len(pipe.messages))
     return room
 
 
-def eligible(feed: Feed, limit: int) -> Join | None:
+def eligible(feed: Feed) -> Join | None:
     """Rotator/service: the next join in round-robin order whose pipe can take one."""
     joins = list(feed.joins.values())
     if not joins:
@@ -57,7 +57,7 @@ def eligible(feed: Feed, limit: int) -> Join | None:
         if pipe.type == "ondemand":
             ok = pipe.demand > 0 and not pipe.messages
         else:
-            ok = len(pipe.messages) < limit
+            ok = len(pipe.messages) < pipe.max_messages and pipe.bytes < pipe.max_bytes
         if ok:
             feed.rr = (feed.rr + step + 1) % len(joins)
             return join

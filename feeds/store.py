@@ -16,7 +16,7 @@ under the same URIs, each pipe's messages at the same positions.
 
 Message records are compact JSON arrays (orjson), content bytes in base64::
 
-    [address, props, headers, feed_name, arrived, expires_at, parts]
+    [address, props, headers, feed_name, arrived, expires_at, parts, redeliveries?]
     part: ["e", type, encoding, value] | ["b", content_type, base64] | null
 """
 
@@ -43,7 +43,11 @@ from .model import Blob, Part
 log = logging.getLogger(__name__)
 
 FILE_NAME = "gateway.sqlite3"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# How to bring an older store up to SCHEMA_VERSION, one version at a time.
+_MIGRATIONS: dict[int, str] = {
+    1: "ALTER TABLE pipes ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -52,7 +56,8 @@ CREATE TABLE IF NOT EXISTS feeds (
     domain TEXT NOT NULL, owner TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS pipes (
     key TEXT PRIMARY KEY, type TEXT NOT NULL, title TEXT, domain TEXT NOT NULL,
-    owner TEXT NOT NULL, next_seq INTEGER NOT NULL DEFAULT 1);
+    owner TEXT NOT NULL, next_seq INTEGER NOT NULL DEFAULT 1,
+    options TEXT NOT NULL DEFAULT '{}');
 CREATE TABLE IF NOT EXISTS joins (
     key TEXT PRIMARY KEY, pipe TEXT NOT NULL, feed TEXT NOT NULL, type TEXT NOT NULL,
     address TEXT NOT NULL, headers TEXT NOT NULL, is_default INTEGER NOT NULL);
@@ -69,7 +74,8 @@ Op = tuple[Any, ...]
 
 _SQL: dict[str, str] = {
     "feed": "INSERT OR REPLACE INTO feeds VALUES (?, ?, ?, ?, ?, ?, ?)",
-    "pipe": "INSERT INTO pipes (key, type, title, domain, owner) VALUES (?, ?, ?, ?, ?) "
+    "pipe": "INSERT INTO pipes (key, type, title, domain, owner, options) "
+    "VALUES (?, ?, ?, ?, ?, ?) "
     "ON CONFLICT (key) DO UPDATE SET title = excluded.title",
     "join": "INSERT OR REPLACE INTO joins VALUES (?, ?, ?, ?, ?, ?, ?)",
     "join-": "DELETE FROM joins WHERE key = ?",
@@ -142,19 +148,26 @@ def record(
     feed_name: str | None,
     arrived: float,
     expires_at: float | None,
+    redeliveries: int = 0,
 ) -> bytes:
     """A message as the store keeps it (the record format above)."""
-    return dumps(
-        [
-            spec.address,
-            spec.props,
-            spec.headers,
-            feed_name,
-            arrived,
-            expires_at,
-            encode_parts(parts),
-        ]
-    )
+    fields = [
+        spec.address,
+        spec.props,
+        spec.headers,
+        feed_name,
+        arrived,
+        expires_at,
+        encode_parts(parts),
+    ]
+    if redeliveries:
+        fields.append(redeliveries)
+    return dumps(fields)
+
+
+def redeliveries(record: list[Any]) -> int:
+    """How many leases of a stored message ran out (absent: none)."""
+    return int(record[7]) if len(record) > 7 else 0
 
 
 def message_spec(record: list[Any]) -> MessageSpec:
@@ -197,18 +210,27 @@ class Store:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode = WAL")
             db.execute(f"PRAGMA synchronous = {self.synchronous}")
+            found = _version(db)
             db.executescript(_SCHEMA)
-            found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
             if found is None:
                 db.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(found[0]) != SCHEMA_VERSION:
-                raise StoreError(f"{self.path} has schema {found[0]}, expected {SCHEMA_VERSION}")
+            elif found > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path} has schema {found}, newer than this gateway's {SCHEMA_VERSION}"
+                )
+            while found is not None and found < SCHEMA_VERSION:
+                db.execute(_MIGRATIONS[found])
+                found += 1
+                db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(found),))
+                log.info("store %s migrated to schema %d", self.path, found)
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
         self._db = db
         snap = Snapshot()
         snap.feeds = db.execute("SELECT * FROM feeds").fetchall()
-        snap.pipes = db.execute("SELECT * FROM pipes").fetchall()
+        snap.pipes = db.execute(
+            "SELECT key, type, title, domain, owner, next_seq, options FROM pipes"
+        ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
         snap.messages = db.execute("SELECT * FROM messages ORDER BY pipe, seq").fetchall()
         snap.queued = db.execute("SELECT * FROM queued ORDER BY feed, qid").fetchall()
@@ -291,6 +313,14 @@ class Store:
 
         with contextlib.suppress(RuntimeError):  # the loop may be closed at shut-down
             self._loop.call_soon_threadsafe(done)
+
+
+def _version(db: sqlite3.Connection) -> int | None:
+    """The schema version a store file has, or None for a new file."""
+    if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'meta'").fetchone() is None:
+        return None
+    found = db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+    return None if found is None else int(found[0])
 
 
 def _statements(ops: list[Op]) -> list[tuple[str, list[Any]]]:

@@ -35,6 +35,7 @@ class Config:
     insecure: bool = False  # allow a non-loopback bind before OAuth exists
     log_level: str = "INFO"
     access_log: bool = False
+    shutdown_grace: float = 10.0  # seconds requests in flight get to finish after SIGTERM
     # HTTP limits
     max_body: int = 4 * 1024 * 1024  # bytes; 413 above (S3)
     max_wait: float = 300.0  # seconds an asynclet or When-* GET may wait (A9)
@@ -49,11 +50,19 @@ class Config:
     # engine
     legacy_default_feed_type: str = ""  # "direct" for older clients (L4)
     max_pipe_messages: int = 10_000
+    max_pipe_bytes: int = 64 * 1024 * 1024
+    overflow: str = "skip"  # what a full pipe does: "skip", "reject" or "drop-oldest"
     max_feed_queue: int = 10_000
     listing_cap: int = 1_000
     staged_ttl: float = 300.0
     max_staged_bytes: int = 256 * 1024 * 1024
-    sweep_interval: float = 5.0
+    lease: float = 300.0  # seconds a fetched message may go unacknowledged (0: forever)
+    max_deliveries: int = 5  # fetches before a message goes to the dead-letter feed
+    dead_letter_feed: str = "dead-letter"  # "": dead letters are discarded
+    pipe_idle_timeout: float = 600.0  # seconds before an untouched pipe is collected (0: never)
+    dedup_window: float = 600.0  # seconds a feed remembers message_ids (0: no deduplication)
+    dedup_max: int = 10_000  # message_ids a feed remembers at most
+    sweep_interval: float = 1.0  # seconds between lease, idle-pipe and staged-content sweeps
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
@@ -76,7 +85,7 @@ class Config:
         if self.store_sync not in ("full", "normal"):
             raise ConfigError('store_sync must be "full" or "normal"')
         keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
-        for key in (*keys, "journal_interval"):
+        for key in (*keys, "journal_interval", "shutdown_grace"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -117,10 +126,18 @@ class Config:
             feeds=self.feeds,
             default_feed_type=self.legacy_default_feed_type,
             max_pipe_messages=self.max_pipe_messages,
+            max_pipe_bytes=self.max_pipe_bytes,
+            overflow=self.overflow,
             max_feed_queue=self.max_feed_queue,
             listing_cap=self.listing_cap,
             staged_ttl=self.staged_ttl,
             max_staged_bytes=self.max_staged_bytes,
+            lease=self.lease,
+            max_deliveries=self.max_deliveries,
+            dead_letter_feed=self.dead_letter_feed,
+            pipe_idle_timeout=self.pipe_idle_timeout,
+            dedup_window=self.dedup_window,
+            dedup_max=self.dedup_max,
         )
 
 

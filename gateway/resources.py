@@ -214,6 +214,8 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
             raise http.wait_expired(request, "asynclet")
     if message is None:
         raise NotFound("no message at this position yet")
+    if request.method == "GET":
+        engine.lease(pipe, message)  # at-least-once: redelivered unless acknowledged
     key = f"m:{pipe.key}.{slot.seq}"
     fmt = http.reply_format(request)
     unchanged = http.not_modified(request, key, message, fmt)

@@ -13,7 +13,7 @@ from feeds.engine import Engine
 from feeds.model import Blob, Domain, Feed, Join, Message, Pipe
 from restms.document import NOT_XML, Document, Element
 from restms.specs import AMQP9_PROFILE, DEFAULTS_PROFILE, EXTENSION_PROFILE
-from restms.uris import Base
+from restms.uris import Base, split_path
 
 
 def doc(*elements: Element) -> Document:
@@ -91,8 +91,30 @@ def pipe(base: Base, p: Pipe, engine: Engine) -> Document:
         children.append(Element("message", attrs))
     if asynclet is not None:
         children.append(Element("message", {"href": message_uri(base, p, asynclet), "async": "1"}))
-    attrs = {"name": p.key, "type": p.type, "title": p.title or ""}
+    attrs = {"name": p.key, "type": p.type, "title": p.title or "", **settings(base, p, engine)}
     return doc(Element("pipe", attrs, tuple(children)))
+
+
+def settings(base: Base, p: Pipe, engine: Engine) -> dict[str, str]:
+    """Our extension attributes: the pipe's delivery settings, defaults filled in."""
+    if p.dead_letter is None:
+        name = engine.config.dead_letter_feed
+        dead_letter = base.feed(name) if name else ""
+    else:
+        where = split_path(p.dead_letter) if p.dead_letter else None
+        if where is None:
+            dead_letter = ""
+        else:
+            dead_letter = base.feed(where[1]) if where[0] == "feed" else base.resource(where[1])
+    return {
+        "durable": "1" if p.durable else "0",
+        "lease": f"{p.lease:g}",
+        "max_deliveries": str(p.max_deliveries),
+        "dead_letter": dead_letter,
+        "max_messages": str(p.max_messages),
+        "max_bytes": str(p.max_bytes),
+        "overflow": p.overflow,
+    }
 
 
 def message_element(
@@ -107,6 +129,8 @@ def message_element(
     attrs = {"href": message_uri(base, p, m.seq)} if href else {}
     attrs["address"] = spec.address
     attrs.update(spec.props)
+    if m.redeliveries:
+        attrs["delivery_count"] = str(m.redeliveries)  # leases that ran out before this one
     if m.feed_name is not None:
         attrs["feed"] = base.feed(m.feed_name)
     children = list(_headers(spec.headers))

@@ -20,7 +20,15 @@ from .document import NAMESPACE, ROOT
 from .errors import BadRequest
 from .jsoncodec import is_name, may_hold_controls
 from .media import Format
-from .specs import Content, MessageLimits, MessageSpec, build_message, content, header
+from .specs import (
+    Content,
+    Duplicate,
+    MessageLimits,
+    MessageSpec,
+    build_message,
+    content,
+    header,
+)
 from .xmlcodec import CodecLimits, local_tag, parse_root
 from .xmlscan import Scanned, scan
 
@@ -181,8 +189,23 @@ def counts(values: list[int], fmt: Format) -> bytes:
     Equal to encoding the generic document (the tests check it), without building one.
     """
     if fmt is Format.JSON:
-        return orjson.dumps({ROOT: {"message": [{"count": str(n)} for n in values]}})
-    return b"".join([_XML_HEAD, *(b'<message count="%d"/>' % n for n in values), _XML_TAIL])
+        return orjson.dumps({ROOT: {"message": [_count_attrs(n) for n in values]}})
+    return b"".join(
+        [
+            _XML_HEAD,
+            *(
+                b'<message count="%d" duplicate="1"/>' % n
+                if isinstance(n, Duplicate)
+                else b'<message count="%d"/>' % n
+                for n in values
+            ),
+            _XML_TAIL,
+        ]
+    )
+
+
+def _count_attrs(n: int) -> dict[str, str]:
+    return {"count": str(n), "duplicate": "1"} if isinstance(n, Duplicate) else {"count": str(n)}
 
 
 _XML_HEAD = f"<?xml version='1.0' encoding='UTF-8'?>\n<{ROOT} xmlns=\"{NAMESPACE}\">".encode()

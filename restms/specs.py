@@ -13,11 +13,14 @@ from __future__ import annotations
 import binascii
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .document import Document, Element
 from .errors import BadRequest, PayloadTooLarge
 from .names import check_address, check_name
 from .uris import uri_path
+
+_N = TypeVar("_N", int, float)
 
 # ---------------------------------------------------------------- types (§6)
 DEFAULTS_PROFILE = ("3/Defaults", "http://www.restms.org/spec:3/Defaults")
@@ -75,10 +78,42 @@ class FeedSpec:
             check_name(self.name, "feed")
 
 
+OVERFLOW_POLICIES = frozenset({"skip", "reject", "drop-oldest"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PipeOptions:
+    """Our extension attributes on ``<pipe>`` (docs/EXTENSIONS.md); None: the default.
+
+    ``dead_letter`` is a feed URI path ("" for none); ``lease`` is in seconds (0: no
+    lease). The engine checks them against its configured maximums.
+    """
+
+    durable: bool | None = None
+    lease: float | None = None
+    max_deliveries: int | None = None
+    dead_letter: str | None = None
+    max_messages: int | None = None
+    max_bytes: int | None = None
+    overflow: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.overflow is not None and self.overflow not in OVERFLOW_POLICIES:
+            policies = ", ".join(sorted(OVERFLOW_POLICIES))
+            raise BadRequest(f"unknown pipe overflow {self.overflow!r}; use one of {policies}")
+
+    def given(self) -> dict[str, object]:
+        """The options the client set, as plain values (the store keeps these)."""
+        return {
+            name: getattr(self, name) for name in self.__slots__ if getattr(self, name) is not None
+        }
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipeSpec:
     type: str = ""
     title: str | None = None
+    options: PipeOptions = PipeOptions()
 
     def __post_init__(self) -> None:
         if self.type not in PIPE_TYPES:
@@ -160,6 +195,13 @@ class MessageSpec:
         return dict(self.headers)
 
 
+class Duplicate(int):
+    """A publish reply count for a message whose ``message_id`` the feed routed
+    recently: it was not routed again, and the count is the first routing's."""
+
+    __slots__ = ()
+
+
 # ---------------------------------------------------------------- reading documents
 def _single(document: Document, allowed: tuple[str, ...], where: str) -> Element:
     found = [el for el in document.elements if el.tag in _RESOURCE_TAGS]
@@ -182,7 +224,11 @@ def creation(document: Document, slug: str | None = None) -> FeedSpec | PipeSpec
     if element.tag == "pipe":
         # C9: pipes are always private; any name sent is ignored.
         kind = element.attrs.get("type", "")
-        return PipeSpec(type=PIPE_TYPE_ALIASES.get(kind, kind), title=element.get("title"))
+        return PipeSpec(
+            type=PIPE_TYPE_ALIASES.get(kind, kind),
+            title=element.get("title"),
+            options=pipe_options(element.attrs),
+        )
     name = element.get("name") or (slug.strip() if slug and slug.strip() else None)
     return FeedSpec(
         name=name,
@@ -190,6 +236,44 @@ def creation(document: Document, slug: str | None = None) -> FeedSpec | PipeSpec
         title=element.get("title"),
         license=element.get("license"),
     )
+
+
+def pipe_options(attrs: Mapping[str, str]) -> PipeOptions:
+    """The extension attributes of a ``<pipe>`` being created (400 when malformed)."""
+    dead_letter = attrs.get("dead_letter")
+    return PipeOptions(
+        durable=_flag(attrs, "durable"),
+        lease=_number(attrs, "lease", float, 0),
+        max_deliveries=_number(attrs, "max_deliveries", int, 1),
+        dead_letter=None if dead_letter is None else (dead_letter and uri_path(dead_letter)),
+        max_messages=_number(attrs, "max_messages", int, 1),
+        max_bytes=_number(attrs, "max_bytes", int, 1),
+        overflow=attrs.get("overflow") or None,
+    )
+
+
+def _flag(attrs: Mapping[str, str], name: str) -> bool | None:
+    value = attrs.get(name)
+    if not value:
+        return None
+    if value in ("1", "true"):
+        return True
+    if value in ("0", "false"):
+        return False
+    raise BadRequest(f"pipe {name} must be 1, 0, true or false, not {value!r}")
+
+
+def _number(attrs: Mapping[str, str], name: str, kind: type[_N], low: int) -> _N | None:
+    value = attrs.get(name)
+    if not value:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        number = None
+    if number is None or not low <= number < 2**53:  # NaN fails the comparison too
+        raise BadRequest(f"pipe {name} must be a number of at least {low}, not {value!r}")
+    return number
 
 
 def join(document: Document) -> JoinSpec:

@@ -369,7 +369,7 @@ def test_F8_round_robin_skips_full_pipes() -> None:
     join(e, b, feed)
     assert e.publish(feed, jobs(1, 2, 3)) == [1, 1, 0]
     assert (ids(a), ids(b)) == (["J1"], ["J2"])
-    assert [s.prop("message_id") for s, _, _ in feed.queue] == ["J3"]
+    assert [s.prop("message_id") for s, *_ in feed.queue] == ["J3"]
     e.ack(Slot(b, 1))  # room in b: the queue drains there
     assert ids(b) == ["J3"]
     assert not feed.queue
@@ -393,7 +393,7 @@ def test_F8_Q22_full_queue_rejects_the_whole_request() -> None:
     e.publish(feed, jobs(1))
     with pytest.raises(ServiceUnavailable):
         e.publish(feed, jobs(2, 3))
-    assert [s.prop("message_id") for s, _, _ in feed.queue] == ["J1"]
+    assert [s.prop("message_id") for s, *_ in feed.queue] == ["J1"]
     e.publish(feed, jobs(2))
     with pytest.raises(ServiceUnavailable):
         e.publish(feed, jobs(3))
@@ -531,7 +531,7 @@ def test_Q1_deleted_pipe_gives_unacknowledged_work_back_in_order() -> None:
     assert (ids(a), ids(b)) == (["J1", "J3"], ["J2", "J4"])
     e.delete_pipe(a)
     assert e.counters.requeued == 2
-    assert [s.prop("message_id") for s, _, _ in feed.queue] == ["J1", "J3"]  # b is full
+    assert [s.prop("message_id") for s, *_ in feed.queue] == ["J1", "J3"]  # b is full
     e.ack(Slot(b, 1))
     assert ids(b) == ["J4", "J1"]
     e.ack(Slot(b, 3))
@@ -569,7 +569,7 @@ async def test_Q1_ondemand_pipe_deleted_with_a_held_job_gives_it_back() -> None:
     assert got.spec.prop("message_id") == "J1"
     e.delete_pipe(dying)
     assert not feed.deleted
-    assert [s.prop("message_id") for s, _, _ in feed.queue] == ["J1", "J2"]
+    assert [s.prop("message_id") for s, *_ in feed.queue] == ["J1", "J2"]
     got = await e.wait_message(Slot(other, 1), 1)
     assert got is not None
     assert got.spec.prop("message_id") == "J1"

@@ -157,12 +157,12 @@ async def test_queued_work_survives_in_order_and_requeued_work_goes_first(
     engine.publish(feed, [msg("w2", persistent=False)])  # worker has room: it takes it
     engine.delete_pipe(worker)  # w1 (persistent) and w2 go back to the front of the queue
     engine.publish(feed, [msg("w3"), msg("w4")])
-    assert [s.prop("message_id") for s, _, _ in feed.queue] == ["w1", "w2", "w3", "w4"]
+    assert [s.prop("message_id") for s, *_ in feed.queue] == ["w1", "w2", "w3", "w4"]
     await commit_and_close(engine, store)
 
     again, store2 = await opened(tmp_path)
     queue = again.public_feed("work").queue
-    assert [s.prop("message_id") for s, _, _ in queue] == ["w1", "w3", "w4"]
+    assert [s.prop("message_id") for s, *_ in queue] == ["w1", "w3", "w4"]
     # a new worker takes them in that order
     fresh = again.create_pipe(again.domain("default"), PipeSpec(), "")
     again.create_join(fresh, JoinSpec(feed_path="/restms/feed/work"))

@@ -1,0 +1,44 @@
+"""Deduplication windows: the ``message_id``s a feed routed recently (an idempotency barrier).
+
+A client that retries a publish after losing the reply sends the same messages again.
+Each feed remembers the ``message_id`` of every message it routed, with the time and
+the publish count, for ``dedup_window`` seconds and at most ``dedup_max`` ids; a
+message whose id is still remembered is not routed again, and the reply repeats the
+first count, marked as a duplicate (:class:`restms.specs.Duplicate`).
+"""
+
+from __future__ import annotations
+
+
+class DedupWindow:
+    """Recently routed ids in arrival order, trimmed by age and by count."""
+
+    __slots__ = ("_seen", "limit", "window")
+
+    def __init__(self, window: float, limit: int) -> None:
+        self.window = window
+        self.limit = limit
+        self._seen: dict[str, tuple[float, int]] = {}  # id -> (monotonic time, count)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def get(self, message_id: str, now: float) -> int | None:
+        """The count the id was routed with, while it is in the window; else None."""
+        hit = self._seen.get(message_id)
+        if hit is None or hit[0] + self.window <= now:
+            return None
+        return hit[1]
+
+    def add(self, message_id: str, count: int, now: float) -> None:
+        seen = self._seen
+        seen.pop(message_id, None)  # a repeat after the window: newest again
+        seen[message_id] = (now, count)
+        if len(seen) > self.limit:
+            del seen[next(iter(seen))]
+        cutoff = now - self.window
+        while seen:
+            oldest = next(iter(seen))
+            if seen[oldest][0] > cutoff:
+                break
+            del seen[oldest]
