@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from restms.errors import BadRequest
+from restms.names import check_name
 from restms.specs import OVERFLOW_POLICIES, FeedSpec
 
 DEFAULT_FEED = "default"
@@ -66,6 +67,13 @@ class EngineConfig:
                 raise ValueError(f"{key} must not be negative")
         if self.staged_ttl <= 0:
             raise ValueError("staged_ttl must be positive")
+        if self.dead_letter_feed:
+            if self.dead_letter_feed == DEFAULT_FEED:
+                raise ValueError("dead_letter_feed cannot be the default feed")
+            try:
+                check_name(self.dead_letter_feed, "feed")
+            except BadRequest as exc:
+                raise ValueError(f"dead_letter_feed: {exc.reason}") from exc
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {', '.join(sorted(OVERFLOW_POLICIES))}")
         names = [name for name, _ in self.domains]

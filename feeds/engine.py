@@ -986,8 +986,21 @@ class Engine:
         if message.redeliveries >= pipe.max_deliveries:
             self._dead_letter(pipe, message, now)
         elif source is not None and not source.deleted:
-            self._requeue(source, message)
-            self._drain(source)
+            other = eligible(source, avoid=pipe)  # another worker, if one can take it
+            if other is not None:
+                self._deliver(
+                    other.pipe,
+                    message.spec,
+                    message.parts,
+                    source,
+                    now,
+                    message.durable,
+                    message.size,
+                    message.redeliveries,
+                )
+            else:
+                self._requeue(source, message)
+                self._drain(source)
         else:
             again = self._deliver(
                 pipe,
@@ -1055,7 +1068,7 @@ class Engine:
             found
             for found in self._private.values()
             if isinstance(found, Pipe)
-            and found.accessed < cutoff
+            and found.accessed <= cutoff
             and not found.waiting
             and not found.demand
         ]

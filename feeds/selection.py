@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from restms.specs import MessageSpec
 
-from .model import Feed, Join
+from .model import Feed, Join, Pipe
 from .routing import INDEXED_TYPES
 
 
@@ -46,14 +46,17 @@ def capacity(feed: Feed) -> int:
     return room
 
 
-def eligible(feed: Feed) -> Join | None:
-    """Rotator/service: the next join in round-robin order whose pipe can take one."""
+def eligible(feed: Feed, avoid: Pipe | None = None) -> Join | None:
+    """Rotator/service: the next join in round-robin order whose pipe can take one
+    (other than ``avoid``, the pipe a redelivered message comes back from)."""
     joins = list(feed.joins.values())
     if not joins:
         return None
     for step in range(len(joins)):
         join = joins[(feed.rr + step) % len(joins)]
         pipe = join.pipe
+        if pipe is avoid:
+            continue
         if pipe.type == "ondemand":
             ok = pipe.demand > 0 and not pipe.messages
         else:

@@ -16,7 +16,8 @@ from feeds.store import Store
 from . import resources
 from .config import Config
 from .durability import store_context
-from .keys import CONFIG, ENGINE, STORE
+from .idempotency import Replies
+from .keys import CONFIG, ENGINE, REPLIES, STORE
 from .middleware import authenticate, errors
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ def build_app(config: Config) -> web.Application:
     app = web.Application(middlewares=[errors, authenticate], client_max_size=config.max_body)
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
+    app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     for kind in ("domain", "feed", "resource"):

@@ -62,6 +62,8 @@ class Config:
     pipe_idle_timeout: float = 600.0  # seconds before an untouched pipe is collected (0: never)
     dedup_window: float = 600.0  # seconds a feed remembers message_ids (0: no deduplication)
     dedup_max: int = 10_000  # message_ids a feed remembers at most
+    idempotency_max: int = 10_000  # replies kept for Idempotency-Key repeats
+    idempotency_bytes: int = 64 * 1024 * 1024  # bytes of those replies at most
     sweep_interval: float = 1.0  # seconds between lease, idle-pipe and staged-content sweeps
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
@@ -95,6 +97,8 @@ class Config:
             "max_headers_per_message",
             "max_contents_per_message",
             "max_elements",
+            "idempotency_max",
+            "idempotency_bytes",
         )
         for key in counts:
             if getattr(self, key) < 1:

@@ -8,8 +8,10 @@ from feeds.engine import Engine
 from feeds.store import Store
 
 from .config import Config
+from .idempotency import Replies
 
 CONFIG = web.AppKey("config", Config)
 ENGINE = web.AppKey("engine", Engine)
 STORE = web.AppKey("store", Store)
+REPLIES = web.AppKey("replies", Replies)
 PRINCIPAL = web.RequestKey("principal", str)

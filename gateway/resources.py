@@ -17,9 +17,9 @@ from restms import fastpath, specs
 from restms.errors import Forbidden, MethodNotAllowed, NotFound
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
-from . import http, streams, views
+from . import http, idempotency, streams, views
 from .durability import committed
-from .keys import CONFIG, ENGINE
+from .keys import CONFIG, ENGINE, REPLIES
 
 Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
 OCTET_STREAM = "application/octet-stream"
@@ -346,6 +346,18 @@ async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
         if not _exists(request, target):
             raise NotFound("no such resource")  # U12: absent positions are 404, not 403
         raise Forbidden(entry)
+    if request.method == "POST" and idempotency.HEADER in request.headers:
+        return await idempotency.once(
+            request,
+            request.app[REPLIES],
+            http.principal(request),
+            http.read_body,
+            lambda: _run(entry, request, target),
+        )
+    return await _run(entry, request, target)
+
+
+async def _run(entry: Handler, request: web.Request, target: Any) -> web.StreamResponse:
     response = await entry(request, target)
     await committed(request)  # no reply before what it reports is on disk
     return response

@@ -12,9 +12,11 @@ with ``raise ... from exc``, so the cause stays in the traceback.
     ├── NotFound                     404  no such resource (or not yours)
     ├── MethodNotAllowed             405  a method RestMS does not define (carries Allow)
     ├── NotAcceptable                406  no representation the client accepts
+    ├── Conflict                     409  the same Idempotency-Key is still being served
     ├── PreconditionFailed           412  If-Match / If-Unmodified-Since failed
     ├── PayloadTooLarge              413  body, document or count over a configured limit
     ├── UnsupportedMediaType         415  body in a media type we do not parse
+    ├── UnprocessableContent         422  an Idempotency-Key reused for another request
     ├── NotImplementedFeature        501  a feature we do not offer
     └── ServiceUnavailable           503  queue full, wait expired (carries Retry-After)
 """
@@ -60,6 +62,10 @@ class NotAcceptable(RestMSError):
     status = 406
 
 
+class Conflict(RestMSError):
+    status = 409
+
+
 class PreconditionFailed(RestMSError):
     status = 412
 
@@ -70,6 +76,10 @@ class PayloadTooLarge(RestMSError):
 
 class UnsupportedMediaType(RestMSError):
     status = 415
+
+
+class UnprocessableContent(RestMSError):
+    status = 422
 
 
 class NotImplementedFeature(RestMSError):

@@ -12,11 +12,13 @@ from feeds import Engine, EngineConfig
 from feeds.model import Blob, Feed, PartRef, Pipe, Slot
 from feeds.store import Store, StoreError
 from restms.specs import (
+    Duplicate,
     EmbeddedContent,
     FeedSpec,
     JoinSpec,
     LinkedContent,
     MessageSpec,
+    PipeOptions,
     PipeSpec,
 )
 
@@ -208,3 +210,69 @@ async def test_rows_that_no_longer_fit_the_configuration_are_skipped(tmp_path: P
     again, store2 = await opened(tmp_path)  # "extra" is no longer configured
     assert "elsewhere" not in again.public_feeds
     await commit_and_close(again, store2)
+
+
+async def test_pipe_options_and_redelivery_counts_survive_a_restart(tmp_path: Path) -> None:
+    clock = [1_000.0]
+    config = EngineConfig(lease=5)
+    engine = Engine(config, wall=lambda: clock[0], mono=lambda: clock[0])
+    store = Store(tmp_path)
+    engine.restore(await asyncio.to_thread(store.load))
+    store.start(asyncio.get_running_loop())
+    domain = engine.domain("default")
+    options = PipeOptions(max_messages=7, overflow="drop-oldest", lease=5, durable=True)
+    pipe = engine.create_pipe(domain, PipeSpec(options=options), "ann")
+    news, _ = engine.create_feed(domain, FeedSpec(name="news", type="fanout"), "ann")
+    engine.create_join(pipe, JoinSpec(feed_path="/restms/feed/news"))
+    engine.publish(news, [msg("a", persistent=False)])  # durable pipe: stored anyway
+    message = next(iter(pipe.messages.values()))
+    engine.lease(pipe, message)
+    clock[0] += 5
+    assert engine.sweep_leases() == 1
+    await commit_and_close(engine, store)
+
+    again, store2 = await opened(tmp_path)
+    restored = pipe_of(again, pipe.key)
+    assert (restored.max_messages, restored.overflow, restored.durable) == (7, "drop-oldest", True)
+    assert restored.max_bytes == again.config.max_pipe_bytes  # not asked for: the default
+    [back] = restored.messages.values()
+    assert back.spec.prop("message_id") == "a"
+    assert back.redeliveries == 1
+    assert back.seq == 2
+    assert restored.bytes == len("body a")
+    await commit_and_close(again, store2)
+
+
+async def test_a_publish_retried_after_a_restart_is_still_a_duplicate(tmp_path: Path) -> None:
+    engine, store = await opened(tmp_path)
+    domain = engine.domain("default")
+    news, _ = engine.create_feed(domain, FeedSpec(name="news", type="fanout"), "ann")
+    for _ in range(2):
+        pipe = engine.create_pipe(domain, PipeSpec(), "ann")
+        engine.create_join(pipe, JoinSpec(feed_path="/restms/feed/news"))
+    assert engine.publish(news, [msg("once")]) == [2]
+    await commit_and_close(engine, store)
+
+    again, store2 = await opened(tmp_path)
+    counts = again.publish(again.public_feed("news"), [msg("once"), msg("new")])
+    assert counts == [2, 2]
+    assert isinstance(counts[0], Duplicate)
+    assert not isinstance(counts[1], Duplicate)
+    await commit_and_close(again, store2)
+
+
+async def test_a_schema_1_store_is_migrated_and_keeps_its_pipes(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "gateway.sqlite3") as db:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "INSERT INTO meta VALUES ('schema', '1');"
+            "CREATE TABLE pipes (key TEXT PRIMARY KEY, type TEXT NOT NULL, title TEXT,"
+            " domain TEXT NOT NULL, owner TEXT NOT NULL, next_seq INTEGER NOT NULL DEFAULT 1);"
+            "INSERT INTO pipes VALUES ('oldpipe', '', 'old', 'default', 'ann', 4);"
+        )
+    engine, store = await opened(tmp_path)
+    pipe = pipe_of(engine, "oldpipe")
+    assert (pipe.title, pipe.next_seq, pipe.overflow) == ("old", 4, "skip")
+    await commit_and_close(engine, store)
+    with sqlite3.connect(tmp_path / "gateway.sqlite3") as db:
+        assert db.execute("SELECT value FROM meta").fetchone() == ("2",)
