@@ -19,16 +19,20 @@ from .durability import store_context
 from .idempotency import Replies
 from .keys import CONFIG, ENGINE, REPLIES, STORE
 from .middleware import authenticate, errors
+from .shutdown import IN_FLIGHT, InFlight, draining, last_on_connection
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[errors, authenticate], client_max_size=config.max_body)
+    app = web.Application(
+        middlewares=[errors, draining, authenticate], client_max_size=config.max_body
+    )
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
     app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
+    app[IN_FLIGHT] = InFlight()
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     for kind in ("domain", "feed", "resource"):
@@ -36,9 +40,16 @@ def build_app(config: Config) -> web.Application:
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
+    app.on_response_prepare.append(last_on_connection)
+    app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(store_context)
     app.cleanup_ctx.append(_sweeper)
     return app
+
+
+async def _end_waits(app: web.Application) -> None:
+    """Whoever runs the app, waits end with a retriable 503 before handlers are cancelled."""
+    app[ENGINE].shutdown()
 
 
 async def healthz(request: web.Request) -> web.Response:

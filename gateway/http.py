@@ -27,7 +27,7 @@ from restms.httpdates import etag, etag_list, http_date, parse_http_date
 from restms.media import Format, bare_type, body_format, looks_structured, negotiate
 from restms.uris import Base
 
-from .keys import CONFIG, PRINCIPAL
+from .keys import CONFIG, ENGINE, PRINCIPAL
 
 NO_CACHE = "no-cache"
 
@@ -191,6 +191,7 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
     after = parse_http_date(wma) if wma is not None else None
     if wma is not None and after is None:
         raise restms.BadRequest("When-Modified-After is not an HTTP date")
+    engine = request.app[ENGINE]
     deadline = time.monotonic() + request.app[CONFIG].max_wait
     while True:
         if resource.deleted:
@@ -199,5 +200,6 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
         date_ok = after is None or int(resource.modified) > after
         if etag_ok and date_ok:
             return
+        engine.check_open()  # shutdown wakes every wait: a retriable 503, not a hang
         if not await resource.changed(deadline - time.monotonic()):
             raise wait_expired(request, "evented GET")

@@ -12,7 +12,8 @@ Both are readers of the same pipe cursor as the asynclet (one queue model):
   ``multipart/mixed`` over chunked transfer, one message document per part, and each
   message is deleted once its part is written (parts cannot be acknowledged).
 
-Both end when the pipe is deleted, the client goes, or ``stream_max`` seconds pass.
+Both end when the pipe is deleted, the client goes, ``stream_max`` seconds pass, or
+the gateway shuts down (``engine.closing``): SSE clients reconnect after ``retry``.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
                 await response.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data))
                 after = message.seq
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or engine.closing:  # no await since the check: no lost wake-up
                 break
             if not await pipe.changed(min(config.heartbeat, remaining), seen):
                 await response.write(b": keep-alive\n\n")
@@ -112,7 +113,7 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
                 await response.write(head + body + delimiter)
                 engine.ack(Slot(pipe, message.seq))
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or engine.closing:
                 break
             if not pipe.messages:  # what arrived during a write is sent before waiting
                 await pipe.changed(remaining)
