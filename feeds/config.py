@@ -11,6 +11,9 @@ from restms.specs import OVERFLOW_POLICIES, FeedSpec
 DEFAULT_FEED = "default"
 DEFAULT_DOMAIN = "default"
 DEAD_LETTER_FEED = "dead-letter"
+# What a message held in memory costs beyond its content bytes (objects, the pipe's
+# index), as the memory budget counts it: measured, see docs/DURABILITY.md.
+OVERHEAD = 700
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -54,6 +57,9 @@ class EngineConfig:
     # Deduplication per feed on message_id: seconds and ids remembered (0 seconds: off).
     dedup_window: float = 600.0
     dedup_max: int = 10_000
+    # Bytes of pipe messages to hold in memory (content plus OVERHEAD each); past it,
+    # new messages wait on disk (0: no budget; only with a store).
+    memory_budget: int = 96 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.domains:
@@ -62,7 +68,13 @@ class EngineConfig:
         for key in (*positive.split(), "dedup_max"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be positive")
-        for key in ("lease", "pipe_idle_timeout", "dedup_window", "max_staged_bytes"):
+        for key in (
+            "lease",
+            "pipe_idle_timeout",
+            "dedup_window",
+            "max_staged_bytes",
+            "memory_budget",
+        ):
             if getattr(self, key) < 0:
                 raise ValueError(f"{key} must not be negative")
         if self.staged_ttl <= 0:
@@ -107,3 +119,5 @@ class Counters:
     dead_discarded: int = 0  # dead letters with nowhere to go
     duplicates: int = 0  # message_ids seen again within the window
     collected: int = 0  # idle pipes collected (Q1)
+    spilled: int = 0  # messages that went to disk past the memory budget
+    paged_in: int = 0  # messages read back from disk

@@ -30,6 +30,9 @@ class DedupWindow:
             return None
         return hit[1]
 
+    def discard(self, message_id: str) -> None:
+        self._seen.pop(message_id, None)
+
     def add(self, message_id: str, count: int, now: float) -> None:
         seen = self._seen
         seen.pop(message_id, None)  # a repeat after the window: newest again

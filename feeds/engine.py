@@ -16,7 +16,8 @@ GETs await a resource's next change (:class:`~feeds.model.Watchable`), never pol
 * **Fanout-style feeds** (default, direct, fanout, topic, headers, regexp) copy the
   message to every matching join. A pipe gets one copy even if several of its joins
   match; ``count`` is the number of matching joins whose pipe took it. A full pipe is
-  skipped and not counted (Q2).
+  skipped and not counted (Q2), unless its overflow policy rejects the publish or
+  drops its oldest messages.
 * **Rotator and service feeds** give each message to at most one join, round robin
   among eligible pipes: a default or stream pipe that is not full, or an ondemand pipe
   that is empty and has a GET waiting (P3). With none eligible, the message waits in
@@ -41,6 +42,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
@@ -57,7 +59,7 @@ from restms.specs import (
 )
 from restms.uris import split_path
 
-from .config import DEFAULT_FEED, Counters, EngineConfig, FeedConfig
+from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
 from .dedup import DedupWindow
 from .model import (
     Blob,
@@ -66,6 +68,7 @@ from .model import (
     Feed,
     Join,
     Message,
+    OnDisk,
     Part,
     PartRef,
     Pipe,
@@ -83,6 +86,7 @@ from .store import (
     Snapshot,
     decode_parts,
     dumps,
+    epoch_of,
     loads,
     message_spec,
     persistent,
@@ -135,6 +139,8 @@ class Engine:
         self._leases: list[tuple[float, int, Pipe, Message]] = []
         self._tick = itertools.count()
         self._rejecting = 0  # live pipes whose overflow policy is "reject"
+        self.held = 0  # estimated bytes of the messages pipes hold in memory
+        self.epoch = 0  # this run's number; non-persistent rows of other runs are stale
         # Durability (None until restore): records of changes, and pipes whose next
         # position has moved since the last look.
         self.journal: list[Op] | None = None
@@ -191,29 +197,28 @@ class Engine:
             pairs = tuple((k, v) for k, v in loads(headers))
             spec = JoinSpec(feed_path="", address=address, type=type_, headers=pairs)
             self._link(owner_pipe, target, spec, bool(is_default), now, key=key)
+        self.epoch = snapshot.epoch
+        self.journal = []  # stale rows found below are deleted
         seen: list[tuple[float, Feed, str]] = []  # message ids, to refill dedup windows
         for pipe_key, seq, source_key, data in snapshot.messages:
             holder = self._private.get(pipe_key)
             if not isinstance(holder, Pipe):
                 continue
-            pipe = holder
-            fields = loads(data)
-            stored, parts = message_spec(fields), decode_parts(fields[6])
-            source = self._feed_by_key(source_key) if source_key else None
-            message = Message(seq, stored, parts, fields[3], source, fields[4])
-            message.durable = True
-            message.size = _size(parts)
-            message.redeliveries = redeliveries(fields)
-            if fields[5] is not None:
-                message.expires = mono + (fields[5] - now)
-                pipe.expiring += 1
-            pipe.messages[seq] = message
-            pipe.bytes += message.size
-            pipe.next_seq = max(pipe.next_seq, seq + 1)
-            origin = source or (self.public_feeds.get(fields[3]) if fields[3] else None)
-            message_id = stored.prop("message_id")
+            message = self._revive(holder, seq, source_key, data, now, mono)
+            holder.next_seq = max(holder.next_seq, seq + 1)
+            if message is None:
+                continue
+            self._hold(holder, message)
+            origin = message.source or self.public_feeds.get(message.feed_name or "")
+            message_id = message.spec.prop("message_id")
             if origin is not None and message_id:
-                seen.append((fields[4], origin, message_id))
+                seen.append((message.arrived, origin, message_id))
+        for pipe_key, low, high, count, size in snapshot.spills:
+            holder = self._private.get(pipe_key)
+            if isinstance(holder, Pipe):
+                holder.spill_lo, holder.spill_hi = low, high
+                holder.spilled, holder.spilled_bytes = count, size
+                holder.next_seq = max(holder.next_seq, high)
         for feed_key, qid, data in snapshot.queued:
             queue_feed = self._feed_by_key(feed_key)
             if queue_feed is None:
@@ -224,10 +229,54 @@ class Engine:
             queue_feed.qfront = min(queue_feed.qfront, qid - 1)
             queue_feed.qback = max(queue_feed.qback, qid)
         self._refill_windows(seen, now, mono)
-        self.journal = []
         for found in [*self.public_feeds.values(), *self._private.values()]:
             if isinstance(found, Feed) and found.queue:
                 self._drain(found)  # pipes that can take queued work get it now
+
+    def _revive(
+        self, pipe: Pipe, seq: int, source_key: str | None, data: bytes, now: float, mono: float
+    ) -> Message | None:
+        """A stored message as the engine holds it; None (and the row deleted) when it
+        is a non-persistent message an earlier run put on disk."""
+        fields = loads(data)
+        epoch = epoch_of(fields)
+        if epoch is not None and epoch != self.epoch:
+            if self.journal is not None:
+                self.journal.append(("drop", pipe.key, seq))
+            return None
+        stored, parts = message_spec(fields), decode_parts(fields[6])
+        source = self._feed_by_key(source_key) if source_key else None
+        message = Message(seq, stored, parts, fields[3], source, fields[4])
+        message.durable = epoch is None
+        message.size = _size(parts)
+        message.redeliveries = redeliveries(fields)
+        if fields[5] is not None:
+            message.expires = mono + (fields[5] - now)
+        return message
+
+    def page_in(self, pipe: Pipe, low: int, rows: list[tuple[int, Any, bytes]]) -> int:
+        """Hold the next page of a pipe's messages from disk (read from ``low`` on, the
+        pipe's first position on disk when the read began); returns how many."""
+        if pipe.deleted or not pipe.spilled or pipe.spill_lo != low:
+            return 0  # the pipe changed meanwhile: the caller reads again
+        now, mono = self._wall(), self._mono()
+        taken = 0
+        for seq, source_key, data in rows:
+            if seq >= pipe.spill_hi:
+                break
+            message = self._revive(pipe, seq, source_key, data, now, mono)
+            pipe.spill_lo = seq + 1
+            pipe.spilled -= 1
+            if message is None:
+                continue
+            pipe.spilled_bytes = max(0, pipe.spilled_bytes - message.size)
+            self._hold(pipe, message)
+            taken += 1
+        if not rows or pipe.spill_lo >= pipe.spill_hi or pipe.spilled <= 0:
+            pipe.spilled = pipe.spilled_bytes = pipe.spill_lo = pipe.spill_hi = 0
+        self.counters.paged_in += taken
+        pipe.touch(now)
+        return taken
 
     def _refill_windows(self, seen: list[tuple[float, Feed, str]], now: float, mono: float) -> None:
         """Dedup windows from the stored messages: a publish retried across a restart is
@@ -436,8 +485,8 @@ class Engine:
         for name, asked, most in limits:
             if check and asked is not None and asked > most:
                 raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
-        if check and options.dead_letter:
-            self.feed_at(options.dead_letter)  # 400 when it names no feed
+        if check and options.dead_letter and self._feed_at(options.dead_letter) is None:
+            raise BadRequest(f"pipe dead_letter names no existing feed: {options.dead_letter}")
         return PipeSettings(
             durable=bool(options.durable),
             lease=config.lease if options.lease is None else options.lease,
@@ -492,8 +541,9 @@ class Engine:
                 self._requeue(source, message)
                 requeued.add(source)
                 self.counters.requeued += 1
+        self.held -= pipe.bytes + OVERHEAD * len(pipe.messages)
         pipe.messages.clear()
-        pipe.bytes = 0
+        pipe.bytes = pipe.spilled = pipe.spilled_bytes = 0
         for join in list(pipe.joins.values()):
             self._unlink(join, now, cascade=True)
         for feed in requeued:
@@ -666,6 +716,17 @@ class Engine:
         self.counters.duplicates += len(repeats)
         return counts
 
+    def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
+        """A publish whose commit failed was not accepted: its ids leave the window, so a
+        retry is routed again instead of being answered as a duplicate."""
+        window = feed.seen
+        if window is None:
+            return
+        for spec in messages:
+            message_id = spec.prop("message_id")
+            if message_id:
+                window.discard(message_id)
+
     def _window(self, feed: Feed) -> DedupWindow:
         if feed.seen is None:
             feed.seen = DedupWindow(self.config.dedup_window, self.config.dedup_max)
@@ -713,11 +774,12 @@ class Engine:
                 wanted[0] += 1
                 wanted[1] += size
         for pipe, (count, size) in need.items():
-            if len(pipe.messages) + count > pipe.max_messages or pipe.bytes + size > pipe.max_bytes:
+            held, held_bytes = len(pipe.messages) + pipe.spilled, pipe.bytes + pipe.spilled_bytes
+            if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
                 self.counters.rejected_full += 1
                 raise ServiceUnavailable(
-                    f"pipe {_label(pipe)} is full ({len(pipe.messages)} of {pipe.max_messages} "
-                    f"messages, {pipe.bytes} of {pipe.max_bytes} bytes) and rejects more; "
+                    f"pipe {_label(pipe)} is full ({held} of {pipe.max_messages} "
+                    f"messages, {held_bytes} of {pipe.max_bytes} bytes) and rejects more; "
                     "retry later",
                     5,
                 )
@@ -797,7 +859,10 @@ class Engine:
             if took is not None and pipe in took:
                 count += 1
                 continue
-            full = len(pipe.messages) >= pipe.max_messages or pipe.bytes + size > pipe.max_bytes
+            full = (
+                len(pipe.messages) + pipe.spilled >= pipe.max_messages
+                or pipe.bytes + pipe.spilled_bytes + size > pipe.max_bytes
+            )
             if full and (pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)):
                 self.counters.skipped_full += 1
                 continue
@@ -812,12 +877,10 @@ class Engine:
         ``size`` bytes fits; False when it never could."""
         if size > pipe.max_bytes:
             return False
-        while pipe.messages and (
-            len(pipe.messages) >= pipe.max_messages or pipe.bytes + size > pipe.max_bytes
-        ):
+        while pipe.messages and pipe.full(size):  # the oldest are in memory, never on disk
             self._drop(pipe, next(iter(pipe.messages)))
             self.counters.dropped_oldest += 1
-        return True
+        return not pipe.full(size)
 
     def _deliver(
         self,
@@ -835,22 +898,43 @@ class Engine:
         source = feed if feed.type in QUEUEING_TYPES else None
         message = Message(seq, spec, list(parts), feed.name, source, now)
         message.size = size
-        pipe.bytes += size
         if redeliveries:
             message.redeliveries = redeliveries
         ttl = spec.prop("expiration")
         if ttl is not None:
             message.expires = self._mono() + int(ttl) / 1000
-            pipe.expiring += 1
-        pipe.messages[seq] = message
         self.counters.routed += 1
         if self.journal is not None:
             self._moved.add(pipe)
-            if durable or pipe.durable:
-                message.durable = True
+            message.durable = durable or pipe.durable
+            budget = self.config.memory_budget
+            if budget and (pipe.spilled or self.held + size + OVERHEAD > budget):
+                self._spill(pipe, message)
+                pipe.touch(now)
+                return message
+            if message.durable:
                 self._log_message(pipe, message)
+        self._hold(pipe, message)
         pipe.touch(now)
         return message
+
+    def _hold(self, pipe: Pipe, message: Message) -> None:
+        pipe.messages[message.seq] = message
+        pipe.bytes += message.size
+        self.held += message.size + OVERHEAD
+        if message.expires is not None:
+            pipe.expiring += 1
+
+    def _spill(self, pipe: Pipe, message: Message) -> None:
+        """Past the memory budget: the message waits on disk, behind every message of
+        the pipe in memory, until readers get that far (:meth:`page_in`)."""
+        self._log_message(pipe, message)
+        if not pipe.spilled:
+            pipe.spill_lo = message.seq
+        pipe.spill_hi = message.seq + 1
+        pipe.spilled += 1
+        pipe.spilled_bytes += message.size
+        self.counters.spilled += 1
 
     def _log_message(self, pipe: Pipe, message: Message) -> None:
         assert self.journal is not None
@@ -862,6 +946,7 @@ class Engine:
             message.arrived,
             self._expires_at(message.expires),
             message.redeliveries,
+            None if message.durable else self.epoch,
         )
         self.journal.append(("msg", pipe.key, message.seq, source, data))
 
@@ -913,7 +998,7 @@ class Engine:
         """A8: the oldest messages (capped) and the asynclet position, or None when capped."""
         self._expire(pipe)
         cap = self.config.listing_cap
-        if len(pipe.messages) <= cap:
+        if len(pipe.messages) <= cap and not pipe.spilled:
             return list(pipe.messages.values()), pipe.next_seq
         out = []
         for message in pipe.messages.values():
@@ -947,7 +1032,8 @@ class Engine:
         """Take one message out of its pipe (expired, overflowed or redelivered)."""
         message = pipe.messages.pop(seq)
         pipe.bytes -= message.size
-        if message.durable and self.journal is not None:
+        self.held -= message.size + OVERHEAD
+        if self.journal is not None:  # durable, or read back from disk: a row to delete
             self.journal.append(("drop", pipe.key, seq))
         return message
 
@@ -1097,6 +1183,8 @@ class Engine:
             message = pipe.messages.get(seq)
             if message is not None:
                 return message
+            if pipe.on_disk(seq):
+                raise OnDisk(seq)
             if seq != pipe.next_seq:
                 raise NotFound("no message at this position")
             self.check_open()
@@ -1132,7 +1220,9 @@ class Engine:
             oldest = next(iter(messages))
             if oldest > slot.seq:
                 break
-            pipe.bytes -= messages.pop(oldest).size
+            size = messages.pop(oldest).size
+            pipe.bytes -= size
+            self.held -= size + OVERHEAD
             removed += 1
         if removed:
             self.counters.acknowledged += removed
@@ -1162,6 +1252,7 @@ class Engine:
             gone = _size([part])
             message.size -= gone
             ref.pipe.bytes -= gone
+            self.held -= gone
             if message.durable and self.journal is not None:
                 self._log_message(ref.pipe, message)
             ref.pipe.touch(self._wall())

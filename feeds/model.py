@@ -229,6 +229,7 @@ class Pipe(Watchable):
         "joins",
         "key",
         "lease",
+        "loading",
         "max_bytes",
         "max_deliveries",
         "max_messages",
@@ -237,6 +238,10 @@ class Pipe(Watchable):
         "options",
         "overflow",
         "owner",
+        "spill_hi",
+        "spill_lo",
+        "spilled",
+        "spilled_bytes",
         "title",
         "type",
     )
@@ -262,7 +267,14 @@ class Pipe(Watchable):
         self.next_seq = 1  # the asynclet's position (A3)
         self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
         self.expiring = 0  # messages with an expiration deadline (Q30)
-        self.bytes = 0  # content bytes held
+        self.bytes = 0  # content bytes held in memory
+        # Past the memory budget, messages wait on disk: positions spill_lo <= seq <
+        # spill_hi, newer than every message in memory, read back a page at a time.
+        self.spilled = 0
+        self.spilled_bytes = 0  # content bytes (estimated for what a restart found)
+        self.spill_lo = 0
+        self.spill_hi = 0
+        self.loading: asyncio.Future[None] | None = None  # a page being read back
         self.accessed = 0.0  # monotonic time of the last request that touched it (Q1)
         self.options = settings.given  # what the client asked for, as the store keeps it
         self.durable = settings.durable
@@ -278,7 +290,18 @@ class Pipe(Watchable):
 
     def full(self, size: int) -> bool:
         """Whether one more message of ``size`` bytes would pass a limit (Q2)."""
-        return len(self.messages) >= self.max_messages or self.bytes + size > self.max_bytes
+        return (
+            len(self.messages) + self.spilled >= self.max_messages
+            or self.bytes + self.spilled_bytes + size > self.max_bytes
+        )
+
+    def on_disk(self, seq: int) -> bool:
+        """Whether position ``seq`` may hold a message that waits on disk."""
+        return self.spilled > 0 and self.spill_lo <= seq < self.spill_hi
+
+
+class OnDisk(Exception):
+    """The position asked for waits on disk: read the pipe's next page, then ask again."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -41,8 +41,8 @@ def capacity(feed: Feed) -> int:
     for pipe in {join.pipe for join in feed.joins.values()}:
         if pipe.type == "ondemand":
             room += 1 if pipe.demand > 0 and not pipe.messages else 0
-        elif pipe.bytes < pipe.max_bytes:
-            room += max(0, pipe.max_messages - len(pipe.messages))
+        elif not pipe.full(1):
+            room += pipe.max_messages - len(pipe.messages) - pipe.spilled
     return room
 
 
@@ -57,10 +57,7 @@ def eligible(feed: Feed, avoid: Pipe | None = None) -> Join | None:
         pipe = join.pipe
         if pipe is avoid:
             continue
-        if pipe.type == "ondemand":
-            ok = pipe.demand > 0 and not pipe.messages
-        else:
-            ok = len(pipe.messages) < pipe.max_messages and pipe.bytes < pipe.max_bytes
+        ok = pipe.demand > 0 and not pipe.messages if pipe.type == "ondemand" else not pipe.full(1)
         if ok:
             feed.rr = (feed.rr + step + 1) % len(joins)
             return join

@@ -16,7 +16,7 @@ under the same URIs, each pipe's messages at the same positions.
 
 Message records are compact JSON arrays (orjson), content bytes in base64::
 
-    [address, props, headers, feed_name, arrived, expires_at, parts, redeliveries?]
+    [address, props, headers, feed_name, arrived, expires_at, parts, redeliveries?, epoch?]
     part: ["e", type, encoding, value] | ["b", content_type, base64] | null
 """
 
@@ -110,6 +110,10 @@ class Snapshot:
     joins: list[tuple[Any, ...]] = field(default_factory=list)
     messages: list[tuple[Any, ...]] = field(default_factory=list)  # by pipe, seq
     queued: list[tuple[Any, ...]] = field(default_factory=list)  # by feed, qid
+    # Messages left on disk past the memory budget: (pipe, first seq, last seq + 1,
+    # count, estimated bytes) per pipe, read back a page at a time.
+    spills: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    epoch: int = 1  # this run's number (non-persistent rows of earlier runs are stale)
 
 
 # ---------------------------------------------------------------- message records
@@ -149,8 +153,10 @@ def record(
     arrived: float,
     expires_at: float | None,
     redeliveries: int = 0,
+    epoch: int | None = None,
 ) -> bytes:
-    """A message as the store keeps it (the record format above)."""
+    """A message as the store keeps it (the record format above). ``epoch`` marks a
+    non-persistent message that went to disk only for room: it is stale in any other run."""
     fields = [
         spec.address,
         spec.props,
@@ -160,9 +166,16 @@ def record(
         expires_at,
         encode_parts(parts),
     ]
-    if redeliveries:
+    if redeliveries or epoch is not None:
         fields.append(redeliveries)
+    if epoch is not None:
+        fields.append(epoch)
     return dumps(fields)
+
+
+def epoch_of(record: list[Any]) -> int | None:
+    """The run a non-persistent record belongs to (None: a persistent message)."""
+    return int(record[8]) if len(record) > 8 else None
 
 
 def redeliveries(record: list[Any]) -> int:
@@ -200,12 +213,19 @@ class Store:
         self._queue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader: sqlite3.Connection | None = None  # for pages read back
+        self._reader_lock = threading.Lock()
         self.commits = 0  # transactions
         self.batches = 0  # batches they carried (batches / commits = group-commit factor)
 
     # -- start-up and shut-down (blocking: call from a worker thread)
-    def load(self) -> Snapshot:
-        """Open (creating if needed) and read everything back."""
+    def load(self, head_budget: int = 0, overhead: int = 0) -> Snapshot:
+        """Open (creating if needed) and read everything back.
+
+        With a ``head_budget`` (bytes; 0: none), pipes' messages are read, oldest first,
+        until the stored bytes plus ``overhead`` per message pass the budget; the rest
+        stay on disk (:attr:`Snapshot.spills`) to be read back when readers get there.
+        """
         try:
             db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode = WAL")
@@ -227,14 +247,57 @@ class Store:
             raise StoreError(f"cannot open the store {self.path}: {exc}") from exc
         self._db = db
         snap = Snapshot()
+        try:
+            self._read_back(db, snap, head_budget, overhead)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot read the store {self.path}: {exc}") from exc
+        return snap
+
+    def _read_back(
+        self, db: sqlite3.Connection, snap: Snapshot, budget: int, overhead: int
+    ) -> None:
+        found = db.execute("SELECT value FROM meta WHERE key = 'epoch'").fetchone()
+        snap.epoch = int(found[0]) + 1 if found else 1
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(snap.epoch),))
         snap.feeds = db.execute("SELECT * FROM feeds").fetchall()
         snap.pipes = db.execute(
             "SELECT key, type, title, domain, owner, next_seq, options FROM pipes"
         ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
-        snap.messages = db.execute("SELECT * FROM messages ORDER BY pipe, seq").fetchall()
         snap.queued = db.execute("SELECT * FROM queued ORDER BY feed, qid").fetchall()
-        return snap
+        left = budget
+        summary = "SELECT pipe, min(seq), max(seq), count(*) FROM messages GROUP BY pipe"
+        for pipe, low, high, count in db.execute(summary).fetchall():
+            rows: list[tuple[Any, ...]] = []
+            if not budget or left > 0:
+                cursor = db.execute("SELECT * FROM messages WHERE pipe = ? ORDER BY seq", (pipe,))
+                for row in cursor:
+                    rows.append(row)
+                    left -= len(row[3]) + overhead
+                    if budget and left <= 0:
+                        break
+                cursor.close()
+            snap.messages.extend(rows)
+            if count > len(rows):
+                average = sum(len(row[3]) for row in rows) // len(rows) if rows else 1024
+                start = rows[-1][1] + 1 if rows else low
+                rest = count - len(rows)
+                snap.spills.append((pipe, start, high + 1, rest, rest * average))
+
+    def read_page(self, pipe: str, low: int, limit: int) -> list[tuple[int, Any, bytes]]:
+        """Up to ``limit`` stored messages of a pipe from position ``low`` on (blocking:
+        call from a worker thread). Reads only what has been committed."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, check_same_thread=False)
+            try:
+                return self._reader.execute(
+                    "SELECT seq, source, data FROM messages WHERE pipe = ? AND seq >= ? "
+                    "ORDER BY seq LIMIT ?",
+                    (pipe, low, limit),
+                ).fetchall()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read from the store: {exc}") from exc
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -247,6 +310,10 @@ class Store:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        with self._reader_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
         if self._db is not None:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from feeds.config import OVERHEAD
 from feeds.store import Store, StoreError
 from restms.errors import ServiceUnavailable
 
@@ -47,15 +48,16 @@ async def store_context(app: web.Application) -> AsyncIterator[None]:
     if store is None:  # store = "memory"
         yield
         return
-    snapshot = await asyncio.to_thread(store.load)
     engine = app[ENGINE]
+    budget = engine.config.memory_budget
+    snapshot = await asyncio.to_thread(store.load, budget, OVERHEAD)
     engine.restore(snapshot)
     log.info(
         "store %s: %d feeds, %d pipes, %d messages restored",
         store.path,
         len(snapshot.feeds),
         len(snapshot.pipes),
-        len(snapshot.messages) + len(snapshot.queued),
+        len(snapshot.messages) + len(snapshot.queued) + sum(s[3] for s in snapshot.spills),
     )
     store.start(asyncio.get_running_loop())
     task = asyncio.create_task(_flusher(app, store), name="journal-flusher")

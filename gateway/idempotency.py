@@ -92,10 +92,12 @@ async def once(
     it read, so the handler ``run`` calls reads the same bytes again at no cost.
     """
     key = request.headers.get(HEADER)
-    if key is None or request.method != "POST" or not replies.window:
+    if key is None or request.method != "POST":
         return await run()
     if not 0 < len(key) <= MAX_KEY or not key.isascii() or not key.isprintable():
         raise BadRequest(f"{HEADER} must be 1 to {MAX_KEY} printable ASCII characters")
+    if not replies.window:
+        return await run()
     body = await read_body(request)
     digest = hashlib.sha256()
     for item in (request.method, request.path, request.headers.get("Content-Type", "")):

@@ -12,12 +12,12 @@ from typing import Any
 
 from aiohttp import web
 
-from feeds.model import Domain, Feed, Join, PartRef, Pipe, Slot, StagedContent
+from feeds.model import Domain, Feed, Join, OnDisk, PartRef, Pipe, Slot, StagedContent
 from restms import fastpath, specs
-from restms.errors import Forbidden, MethodNotAllowed, NotFound
+from restms.errors import Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
-from . import http, idempotency, streams, views
+from . import http, idempotency, spill, streams, views
 from .durability import committed
 from .keys import CONFIG, ENGINE, REPLIES
 
@@ -112,6 +112,11 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     config = request.app[CONFIG]
     messages = fastpath.messages(body, body_fmt, config.codec, config.limits)
     counts = engine.publish(feed, messages)
+    try:
+        await committed(request)
+    except ServiceUnavailable:
+        engine.forget(feed, messages)  # not accepted: a retry must not be a duplicate
+        raise
     return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
 
 
@@ -120,6 +125,7 @@ async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     if accepts_event_stream(request.headers.get("Accept")):
         return await streams.sse(request, pipe)
     engine = request.app[ENGINE]
+    await spill.ensure(request.app, pipe)  # the oldest messages, if they wait on disk
     return await _get(
         request,
         f"p:{pipe.key}",
@@ -203,13 +209,19 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     """A2, A5, A9, U11, P6: a message, waiting while the slot is the asynclet."""
     engine = request.app[ENGINE]
     pipe = slot.pipe
+    await spill.ensure(request.app, pipe, slot.seq)
     if request.method == "HEAD":
         message = engine.message(slot)  # U11: HEAD never blocks
     elif pipe.type == "stream" and engine.pending(slot):
         return await streams.multipart(request, pipe)
     else:
         fmt = http.reply_format(request)  # 406 before waiting, not after
-        message = await engine.wait_message(slot, request.app[CONFIG].max_wait)
+        while True:
+            try:
+                message = await engine.wait_message(slot, request.app[CONFIG].max_wait)
+                break
+            except OnDisk:  # it arrived while we waited, and went to disk
+                await spill.ensure(request.app, pipe, slot.seq)
         if message is None:
             raise http.wait_expired(request, "asynclet")
     if message is None:
@@ -234,16 +246,18 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     """D4, A7, D5, H5: acknowledge this message and every older one."""
     engine = request.app[ENGINE]
+    await spill.ensure(request.app, slot.pipe, slot.seq)
     message = engine.message(slot)
     if message is not None:
         http.check_preconditions(request, f"m:{slot.pipe.key}.{slot.seq}", message)
-    engine.ack(slot)
+    await spill.ack(request.app, slot)
     return web.Response(status=200)
 
 
 # ---------------------------------------------------------------- contents
 async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
     engine = request.app[ENGINE]
+    await spill.ensure(request.app, ref.pipe, ref.seq)
     blob = engine.part(ref)
     message = engine.message(Slot(ref.pipe, ref.seq))
     arrived = message.arrived if message is not None else 0.0
@@ -252,6 +266,7 @@ async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
 
 
 async def delete_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
+    await spill.ensure(request.app, ref.pipe, ref.seq)
     request.app[ENGINE].delete_part(ref)
     return web.Response(status=200)
 
@@ -367,7 +382,8 @@ def _exists(request: web.Request, target: Any) -> bool:
     """Message positions and contents resolve by shape; say whether one is really there."""
     engine = request.app[ENGINE]
     if isinstance(target, Slot):
-        return engine.message(target) is not None or engine.pending(target)
+        found = engine.message(target) is not None or target.pipe.on_disk(target.seq)
+        return found or engine.pending(target)
     if isinstance(target, PartRef):
         try:
             engine.part(target)

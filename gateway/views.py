@@ -108,7 +108,7 @@ def settings(base: Base, p: Pipe, engine: Engine) -> dict[str, str]:
             dead_letter = base.feed(where[1]) if where[0] == "feed" else base.resource(where[1])
     return {
         "durable": "1" if p.durable else "0",
-        "lease": f"{p.lease:g}",
+        "lease": f"{p.lease:.3f}".rstrip("0").rstrip("."),
         "max_deliveries": str(p.max_deliveries),
         "dead_letter": dead_letter,
         "max_messages": str(p.max_messages),

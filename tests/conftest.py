@@ -25,6 +25,14 @@ class Gateway:
     url: str
     app: web.Application
     http: aiohttp.ClientSession
+    runner: web.AppRunner | None = None
+
+    async def stop(self) -> None:
+        """Shut this gateway down as a clean exit does (its store is committed, closed)."""
+        await self.http.close()
+        if self.runner is not None:
+            runner, self.runner = self.runner, None
+            await runner.cleanup()
 
     @property
     def engine(self) -> Engine:
@@ -47,8 +55,7 @@ def blockbuster() -> Iterator[BlockBuster]:
 @pytest.fixture
 async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterator[MakeGateway]:
     """Start real gateways on 127.0.0.1 (random ports) with config overrides."""
-    runners: list[web.AppRunner] = []
-    sessions: list[aiohttp.ClientSession] = []
+    started: list[Gateway] = []
 
     async def start(**overrides: Any) -> Gateway:
         overrides.setdefault("data_dir", str(tmp_path / "var"))
@@ -60,18 +67,15 @@ async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterato
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        runners.append(runner)
         host, port = runner.addresses[0][:2]
         url = f"http://{host}:{port}"
         session = aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=30))
-        sessions.append(session)
-        return Gateway(url=url, app=app, http=session)
+        started.append(Gateway(url=url, app=app, http=session, runner=runner))
+        return started[-1]
 
     yield start
-    for session in sessions:
-        await session.close()
-    for runner in runners:
-        await runner.cleanup()
+    for gateway in started:
+        await gateway.stop()
 
 
 @pytest.fixture

@@ -391,3 +391,12 @@ def test_a_pipe_with_a_waiting_reader_or_touched_messages_is_in_use() -> None:
     clock.now += 10**6
     assert never.collect_idle() == 0
     assert not kept.deleted
+
+
+def test_a_publish_that_was_not_accepted_is_forgotten_by_the_window() -> None:
+    e = engine()
+    feed, pipe = new_feed(e, "f"), new_pipe(e)
+    join(e, pipe, feed)
+    e.publish(feed, [msg("a")])
+    e.forget(feed, [msg("a")])  # its commit failed: the client was told 503
+    assert not isinstance(e.publish(feed, [msg("a")])[0], Duplicate)
