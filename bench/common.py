@@ -139,12 +139,16 @@ def machine() -> dict[str, Any]:
 class Server:
     """A gateway or bare server child process, listening on 127.0.0.1 on a free port."""
 
-    def __init__(self, kind: str, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, kind: str, env: dict[str, str] | None = None, data_dir: str | None = None
+    ) -> None:
+        """``data_dir``: use (and keep) this data directory instead of a fresh one."""
         self.kind = kind
         self.port = 0
         RESULTS.mkdir(parents=True, exist_ok=True)
         self.logfile = RESULTS / f"{kind}-server.log"
-        self.data_dir = tempfile.mkdtemp(prefix=f"restms-bench-{kind}-")
+        self.keep = data_dir is not None
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix=f"restms-bench-{kind}-")
         if kind == "gateway":
             argv = [
                 PYTHON,
@@ -209,12 +213,13 @@ class Server:
         self._log.close()
         with contextlib.suppress(ValueError):
             _running.remove(self)
-        subprocess.run(["rm", "-rf", self.data_dir], check=False)
+        if not self.keep:
+            subprocess.run(["rm", "-rf", self.data_dir], check=False)
         return self.proc.returncode
 
 
-def start(kind: str, env: dict[str, str] | None = None) -> Server:
-    server = Server(kind, env)
+def start(kind: str, env: dict[str, str] | None = None, data_dir: str | None = None) -> Server:
+    server = Server(kind, env, data_dir)
     try:
         return server.wait_ready()
     except BaseException:

@@ -13,7 +13,7 @@ DEFAULT_DOMAIN = "default"
 DEAD_LETTER_FEED = "dead-letter"
 # What a message held in memory costs beyond its content bytes (objects, the pipe's
 # index), as the memory budget counts it: measured, see docs/DURABILITY.md.
-OVERHEAD = 700
+OVERHEAD = 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -59,7 +59,7 @@ class EngineConfig:
     dedup_max: int = 10_000
     # Bytes of pipe messages to hold in memory (content plus OVERHEAD each); past it,
     # new messages wait on disk (0: no budget; only with a store).
-    memory_budget: int = 96 * 1024 * 1024
+    memory_budget: int = 64 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.domains:

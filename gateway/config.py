@@ -62,7 +62,7 @@ class Config:
     pipe_idle_timeout: float = 600.0  # seconds before an untouched pipe is collected (0: never)
     dedup_window: float = 600.0  # seconds a feed remembers message_ids (0: no deduplication)
     dedup_max: int = 10_000  # message_ids a feed remembers at most
-    memory_budget: int = 96 * 1024 * 1024  # bytes of pipe messages in memory; then disk
+    memory_budget: int = 64 * 1024 * 1024  # bytes of pipe messages in memory; then disk
     idempotency_max: int = 10_000  # replies kept for Idempotency-Key repeats
     idempotency_bytes: int = 64 * 1024 * 1024  # bytes of those replies at most
     sweep_interval: float = 1.0  # seconds between lease, idle-pipe and staged-content sweeps

@@ -28,7 +28,7 @@ from restms.errors import NotAcceptable
 from restms.media import Format
 from restms.names import new_hash
 
-from . import http, views
+from . import http, spill, views
 from .keys import CONFIG, ENGINE
 
 
@@ -54,12 +54,14 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     deadline = time.monotonic() + config.stream_max
     try:
         while not pipe.deleted:
+            await spill.ensure(request.app, pipe)  # below a page in memory: read more back
             seen = pipe.version
             for message in list(engine.stream(pipe, after)):
                 data = restms.to_json(
                     views.doc(views.message_element(base, pipe, message, href=True))
                 )
                 await response.write(b"id: %d\nevent: message\ndata: %s\n\n" % (message.seq, data))
+                engine.lease(pipe, message)  # sent: redelivered unless acknowledged in time
                 after = message.seq
             remaining = deadline - time.monotonic()
             if remaining <= 0 or engine.closing:  # no await since the check: no lost wake-up
@@ -108,6 +110,7 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     deadline = time.monotonic() + config.stream_max
     try:
         while not pipe.deleted:
+            await spill.ensure(request.app, pipe)
             for message in list(engine.stream(pipe, 0)):
                 body = restms.encode(views.message(base, pipe, message, embed=True), fmt)
                 await response.write(head + body + delimiter)

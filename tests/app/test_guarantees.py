@@ -246,3 +246,22 @@ async def test_an_acknowledged_message_is_not_redelivered(make_gateway: MakeGate
     assert (await call(gw, "DELETE", f"{uri}.1")).status == 200
     r = await call(gw, "GET", f"{uri}.2", Accept=XML)  # the asynclet: waits max_wait
     r.assert_text_error(503)  # nothing came back within five leases
+
+
+async def test_an_sse_reader_is_leased_too_and_sees_the_message_again(
+    make_gateway: MakeGateway,
+) -> None:
+    gw = await make_gateway(lease=0.3, sweep_interval=0.05)
+    news = await feed(gw, "news")
+    uri, _ = await pipe_with(gw)
+    await join(gw, uri, news)
+    await call(gw, "POST", news, messages("job"))
+    events: list[dict[str, object]] = []
+    async with asyncio.timeout(5), gw.http.get(uri, headers={"Accept": "text/event-stream"}) as r:
+        async for line in r.content:
+            if line.startswith(b"data: "):
+                events.append(json.loads(line[6:])["restms"]["message"][0])
+                if len(events) == 2:
+                    break
+    assert [e["message_id"] for e in events] == ["job", "job"]
+    assert (events[0].get("delivery_count"), events[1].get("delivery_count")) == (None, "1")
