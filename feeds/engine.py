@@ -683,7 +683,9 @@ class Engine:
         routed again: its count is a :class:`Duplicate` of the first one's.
         """
         _alive(feed)
-        repeats = self._repeats(feed, messages)
+        window = self._window(feed) if self.config.dedup_window else None
+        ids = [spec.prop("message_id") for spec in messages] if window is not None else []
+        repeats = self._repeats(window, ids)
         if feed.type in QUEUEING_TYPES:
             would_queue = len(messages) - len(repeats) - capacity(feed)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
@@ -696,13 +698,11 @@ class Engine:
         elif self._rejecting:
             self._check_room(feed, messages, repeats)
         parts = self._claim_contents(feed, messages, repeats)
-        now = self._wall()
-        window = self._window(feed) if self.config.dedup_window else None
-        mono = self._mono() if window is not None else 0.0
+        now, mono = self._wall(), self._mono()
         counts: list[int] = []
         for index, (spec, part) in enumerate(zip(messages, parts, strict=True)):
-            message_id = spec.prop("message_id") if window is not None else None
-            if repeats and index in repeats:
+            message_id = ids[index] if ids else None
+            if index in repeats:
                 assert window is not None
                 assert message_id
                 counts.append(Duplicate(window.get(message_id, mono) or 0))
@@ -732,21 +732,18 @@ class Engine:
             feed.seen = DedupWindow(self.config.dedup_window, self.config.dedup_max)
         return feed.seen
 
-    def _repeats(self, feed: Feed, messages: Sequence[MessageSpec]) -> set[int]:
+    def _repeats(self, window: DedupWindow | None, ids: list[str | None]) -> set[int]:
         """Positions of messages whose ``message_id`` is in the window or earlier in
         this same request: they are answered, not routed."""
-        if not self.config.dedup_window:
+        if window is None:
             return set()
-        window, mono = feed.seen, self._mono()
+        mono = self._mono()
         repeats: set[int] = set()
         fresh: set[str] = set()
-        for index, spec in enumerate(messages):
-            message_id = spec.prop("message_id")
+        for index, message_id in enumerate(ids):
             if not message_id:
                 continue
-            if message_id in fresh or (
-                window is not None and window.get(message_id, mono) is not None
-            ):
+            if message_id in fresh or window.get(message_id, mono) is not None:
                 repeats.add(index)
             else:
                 fresh.add(message_id)
@@ -859,11 +856,9 @@ class Engine:
             if took is not None and pipe in took:
                 count += 1
                 continue
-            full = (
-                len(pipe.messages) + pipe.spilled >= pipe.max_messages
-                or pipe.bytes + pipe.spilled_bytes + size > pipe.max_bytes
-            )
-            if full and (pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)):
+            if pipe.full(size) and (
+                pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)
+            ):
                 self.counters.skipped_full += 1
                 continue
             count += 1
@@ -892,31 +887,35 @@ class Engine:
         durable: bool,
         size: int,
         redeliveries: int = 0,
-    ) -> Message:
-        seq = pipe.next_seq
-        pipe.next_seq = seq + 1
+    ) -> None:
         source = feed if feed.type in QUEUEING_TYPES else None
-        message = Message(seq, spec, list(parts), feed.name, source, now)
+        message = Message(0, spec, list(parts), feed.name, source, now)
         message.size = size
-        if redeliveries:
-            message.redeliveries = redeliveries
+        message.durable = durable
+        message.redeliveries = redeliveries
         ttl = spec.prop("expiration")
         if ttl is not None:
             message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
+        self._place(pipe, message, now)
+
+    def _place(self, pipe: Pipe, message: Message, now: float) -> None:
+        """Give the message the pipe's next position: held in memory, or on disk past
+        the memory budget. New messages and redelivered ones both come through here."""
+        message.seq = pipe.next_seq
+        pipe.next_seq += 1
+        message.durable = message.durable or pipe.durable
         if self.journal is not None:
             self._moved.add(pipe)
-            message.durable = durable or pipe.durable
             budget = self.config.memory_budget
-            if budget and (pipe.spilled or self.held + size + OVERHEAD > budget):
+            if budget and (pipe.spilled or self.held + message.size + OVERHEAD > budget):
                 self._spill(pipe, message)
                 pipe.touch(now)
-                return message
+                return
             if message.durable:
                 self._log_message(pipe, message)
         self._hold(pipe, message)
         pipe.touch(now)
-        return message
 
     def _hold(self, pipe: Pipe, message: Message) -> None:
         pipe.messages[message.seq] = message
@@ -924,6 +923,12 @@ class Engine:
         self.held += message.size + OVERHEAD
         if message.expires is not None:
             pipe.expiring += 1
+
+    def _unhold(self, pipe: Pipe, seq: int) -> Message:
+        message = pipe.messages.pop(seq)
+        pipe.bytes -= message.size
+        self.held -= message.size + OVERHEAD
+        return message
 
     def _spill(self, pipe: Pipe, message: Message) -> None:
         """Past the memory budget: the message waits on disk, behind every message of
@@ -1030,9 +1035,7 @@ class Engine:
 
     def _drop(self, pipe: Pipe, seq: int) -> Message:
         """Take one message out of its pipe (expired, overflowed or redelivered)."""
-        message = pipe.messages.pop(seq)
-        pipe.bytes -= message.size
-        self.held -= message.size + OVERHEAD
+        message = self._unhold(pipe, seq)
         if self.journal is not None:  # durable, or read back from disk: a row to delete
             self.journal.append(("drop", pipe.key, seq))
         return message
@@ -1074,36 +1077,12 @@ class Engine:
         elif source is not None and not source.deleted:
             other = eligible(source, avoid=pipe)  # another worker, if one can take it
             if other is not None:
-                self._deliver(
-                    other.pipe,
-                    message.spec,
-                    message.parts,
-                    source,
-                    now,
-                    message.durable,
-                    message.size,
-                    message.redeliveries,
-                )
+                self._place(other.pipe, message, now)
             else:
                 self._requeue(source, message)
                 self._drain(source)
         else:
-            again = self._deliver(
-                pipe,
-                message.spec,
-                message.parts,
-                self.default_feed,
-                now,
-                message.durable,
-                message.size,
-                message.redeliveries,
-            )
-            again.feed_name, again.arrived = message.feed_name, message.arrived
-            if message.expires is not None:
-                again.expires = message.expires
-                pipe.expiring += 1
-            if again.durable and self.journal is not None:
-                self._log_message(pipe, again)  # with the names and times it came with
+            self._place(pipe, message, now)  # at the end, with its names and times
         pipe.touch(now)
 
     def _dead_letter(self, pipe: Pipe, message: Message, now: float) -> None:
@@ -1220,9 +1199,7 @@ class Engine:
             oldest = next(iter(messages))
             if oldest > slot.seq:
                 break
-            size = messages.pop(oldest).size
-            pipe.bytes -= size
-            self.held -= size + OVERHEAD
+            self._unhold(pipe, oldest)
             removed += 1
         if removed:
             self.counters.acknowledged += removed
