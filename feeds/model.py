@@ -359,3 +359,13 @@ class PartRef:
 
 Resource = Feed | Pipe | Join | StagedContent | Slot | PartRef
 Clock = Callable[[], float]
+
+
+def content_size(parts: list[Part | None]) -> int:
+    """Content bytes of a message, as pipe byte limits count them."""
+    total = 0
+    for part in parts:
+        if part is None:
+            continue
+        total += len(part.data) if isinstance(part, Blob) else len(part.value)
+    return total

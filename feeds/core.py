@@ -1,0 +1,623 @@
+"""The engine's base: resources (feeds, pipes, joins, staged contents), their lookup,
+and placing messages in pipes and rotator queues, with the journal the store commits.
+
+:class:`feeds.delivery.Delivery` adds publishing and reading on top, and
+:class:`feeds.engine.Engine` recovery, leases and idle collection; the theory of
+operation is in :mod:`feeds.engine`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from restms import names
+from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
+from restms.specs import FeedSpec, JoinSpec, MessageSpec, PipeOptions, PipeSpec, Update
+from restms.uris import split_path
+
+from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
+from .model import (
+    Blob,
+    Clock,
+    Domain,
+    Feed,
+    Join,
+    Message,
+    Part,
+    PartRef,
+    Pipe,
+    PipeSettings,
+    Queued,
+    Resource,
+    Slot,
+    StagedContent,
+    Watchable,
+    content_size,
+)
+from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
+from .selection import eligible
+from .store import Op, dumps, persistent, record
+
+log = logging.getLogger(__name__)
+
+
+class Core:
+    """Resources and message placement, used from the event loop's thread."""
+
+    # ------------------------------------------------------------ set-up
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        wall: Clock = time.time,
+        mono: Clock = time.monotonic,
+    ) -> None:
+        self.config = config or EngineConfig()
+        self._wall = wall
+        self._mono = mono
+        self.counters = Counters()
+        now = wall()
+        self.domains: dict[str, Domain] = {
+            name: Domain(name, title, now) for name, title in self.config.domains
+        }
+        self.public_feeds: dict[str, Feed] = {}
+        self._private: dict[str, Feed | Pipe | Join | StagedContent] = {}
+        self._staged_bytes = 0
+        first = next(iter(self.domains))
+        default = FeedConfig(
+            name=DEFAULT_FEED,
+            type=self.config.default_feed_type,
+            title="Default feed",
+            domain=first,
+        )
+        configured = [default, *self.config.feeds]
+        dead_letter = self.config.dead_letter_feed
+        if dead_letter and all(feed.name != dead_letter for feed in configured):
+            configured.append(
+                FeedConfig(name=dead_letter, type="rotator", title="Dead letters", domain=first)
+            )
+        for feed in configured:
+            self._configure(feed)
+        self.default_feed = self.public_feeds[DEFAULT_FEED]
+        self._rejecting = 0  # live pipes whose overflow policy is "reject"
+        self.held = 0  # estimated bytes of the messages pipes hold in memory
+        self.epoch = 0  # this run's number; non-persistent rows of other runs are stale
+        # Durability (None until restore): records of changes, and pipes whose next
+        # position has moved since the last look.
+        self.journal: list[Op] | None = None
+        self._moved: set[Pipe] = set()
+        self.closing = False  # set by shutdown(): waits end with a retriable 503
+
+    def _configure(self, cfg: FeedConfig) -> None:
+        domain = self.domain(cfg.domain)
+        spec = FeedSpec(name=cfg.name, type=cfg.type, title=cfg.title, license=cfg.license)
+        if cfg.name in self.public_feeds:
+            raise ValueError(f"feed {cfg.name!r} is configured twice")
+        feed = self._new_feed(domain, spec, owner="", configured=True)
+        log.debug("configured feed %s type=%r", feed.key, feed.type)
+
+    # ------------------------------------------------------------ durability and shutdown
+    def _feed_by_key(self, key: str) -> Feed | None:
+        found = self.public_feeds.get(key) or self._private.get(key)
+        return found if isinstance(found, Feed) else None
+
+    def take_journal(self) -> list[Op]:
+        """The records since the last call, with each moved pipe's next position."""
+        ops, self.journal = self.journal or [], []
+        if self._moved:
+            ops.extend(("seq", pipe.next_seq, pipe.key) for pipe in self._moved)
+            self._moved.clear()
+        return ops
+
+    def shutdown(self) -> None:
+        """End every wait: asynclets and evented GETs answer 503 (retry), streams end."""
+        self.closing = True
+        for domain in self.domains.values():
+            domain.wake()
+        for resource in [*self.public_feeds.values(), *self._private.values()]:
+            resource.wake()
+
+    def check_open(self) -> None:
+        """Raise the retriable 503 a wait answers once :meth:`shutdown` has begun."""
+        if self.closing:
+            raise ServiceUnavailable("the gateway is shutting down; retry", 1)
+
+    # ------------------------------------------------------------ lookup
+    def domain(self, name: str) -> Domain:
+        try:
+            return self.domains[name]
+        except KeyError:
+            raise NotFound(f"no domain named {name!r}") from None
+
+    def public_feed(self, name: str) -> Feed:
+        feed = self.public_feeds.get(name)
+        if feed is None:
+            raise NotFound(f"no feed named {name!r}")
+        return feed
+
+    def resolve(self, key: str) -> Resource:
+        """The private resource ``/restms/resource/{key}`` names, or 404."""
+        found = self._private.get(key)
+        if found is not None:
+            if isinstance(found, Pipe):
+                found.accessed = self._mono()
+            elif isinstance(found, Join):
+                found.pipe.accessed = self._mono()
+            return found
+        pipe_key, dot, rest = key.partition(".")
+        pipe = self._private.get(pipe_key) if dot else None
+        if isinstance(pipe, Pipe):
+            pipe.accessed = self._mono()
+            seq_text, dot, index_text = rest.partition(".")
+            if seq_text.isdigit() and (not dot or index_text.isdigit()):
+                seq = int(seq_text)
+                return PartRef(pipe, seq, int(index_text)) if dot else Slot(pipe, seq)
+        raise NotFound("no such resource")
+
+    def feed_at(self, path: str) -> Feed:
+        """The feed a URI path names (join ``feed=``, U5); 400 when there is none (G14)."""
+        where = split_path(path)
+        feed: object = None
+        if where is not None:
+            kind, key = where
+            if kind == "feed":
+                feed = self.public_feeds.get(key)
+            elif kind == "resource":
+                feed = self._private.get(key)
+        if not isinstance(feed, Feed):
+            raise BadRequest(f"join names no existing feed: {path}")
+        return feed
+
+    def _feed_at(self, path: str) -> Feed | None:
+        try:
+            return self.feed_at(path)
+        except BadRequest:
+            return None
+
+    # ------------------------------------------------------------ feeds
+    def create_feed(self, domain: Domain, spec: FeedSpec, owner: str) -> tuple[Feed, bool]:
+        """C1-C5: a public feed is idempotent (existing -> created False, C3, C4)."""
+        if spec.name is not None:
+            existing = self.public_feeds.get(spec.name)
+            if existing is not None:
+                return existing, False
+        feed = self._new_feed(domain, spec, owner, configured=False)
+        return feed, True
+
+    def _new_feed(self, domain: Domain, spec: FeedSpec, owner: str, configured: bool) -> Feed:
+        now = self._wall()
+        key = spec.name if spec.name is not None else names.new_hash()
+        feed = Feed(
+            key=key,
+            name=spec.name,
+            type=spec.type,
+            title=spec.title,
+            license=spec.license,
+            domain=domain,
+            owner=owner,
+            configured=configured,
+            now=now,
+        )
+        self._register(feed, now)
+        if not configured:
+            self._log_feed(feed)
+        return feed
+
+    def _register(self, feed: Feed, now: float) -> None:
+        if feed.public:
+            self.public_feeds[feed.key] = feed
+            feed.domain.feeds[feed.key] = feed
+            feed.domain.touch(now)
+        else:
+            self._private[feed.key] = feed
+
+    def _log_feed(self, feed: Feed) -> None:
+        if self.journal is not None:
+            self.journal.append(
+                (
+                    "feed",
+                    feed.key,
+                    feed.name,
+                    feed.type,
+                    feed.title,
+                    feed.license,
+                    feed.domain.name,
+                    feed.owner,
+                )
+            )
+
+    def update_feed(self, feed: Feed, update: Update) -> Feed:
+        """R2, R3: title and license change; name and type may only be repeated."""
+        alive(feed)
+        if feed.configured:
+            raise Forbidden("configured feeds cannot be changed")
+        if update.name and update.name != (feed.name or ""):
+            raise Forbidden("a feed's name cannot be changed")
+        if update.type and update.type != feed.type:
+            raise Forbidden("a feed's type cannot be changed")
+        feed.title = update.title or None
+        feed.license = update.license or None
+        feed.touch(self._wall())
+        self._log_feed(feed)
+        return feed
+
+    def delete_feed(self, feed: Feed) -> None:
+        """R5, Q29: joins and staged contents go; messages already in pipes stay."""
+        if feed.configured:
+            raise Forbidden("configured feeds cannot be deleted")
+        self._drop_feed(feed)
+
+    def _drop_feed(self, feed: Feed) -> None:
+        if feed.deleted:
+            return
+        now = self._wall()
+        feed.deleted = True
+        if self.journal is not None and not feed.configured:
+            self.journal.append(("feed-", feed.key))
+        for join in list(feed.joins.values()):
+            self._unlink(join, now, cascade=False)
+        for staged in list(feed.staged.values()):
+            self.delete_staged(staged)
+        self.counters.discarded += len(feed.queue)
+        feed.queue.clear()
+        if feed.public:
+            self.public_feeds.pop(feed.key, None)
+            feed.domain.feeds.pop(feed.key, None)
+            feed.domain.touch(now)
+        else:
+            self._private.pop(feed.key, None)
+        feed.wake()
+
+    # ------------------------------------------------------------ pipes
+    def create_pipe(self, domain: Domain, spec: PipeSpec, owner: str) -> Pipe:
+        """C5, C9, F15, P5: a new private pipe; default and stream pipes join ``default``."""
+        now = self._wall()
+        key = names.new_hash()
+        pipe = Pipe(key, spec.type, spec.title, domain, owner, now, self._settings(spec.options))
+        pipe.accessed = self._mono()
+        self._private[key] = pipe
+        self._rejecting += pipe.overflow == "reject"
+        self._log_pipe(pipe)
+        if spec.type != "ondemand":
+            self._link(pipe, self.default_feed, JoinSpec(feed_path="", address=key), True, now)
+        return pipe
+
+    def _settings(self, options: PipeOptions, *, check: bool = True) -> PipeSettings:
+        """A pipe's options with the defaults filled in; 400 for more than the maximums.
+
+        Stored pipes are restored unchecked: a dead-letter feed that has gone since is
+        looked for again when a message needs it.
+        """
+        config = self.config
+        limits = (
+            ("max_messages", options.max_messages, config.max_pipe_messages),
+            ("max_bytes", options.max_bytes, config.max_pipe_bytes),
+        )
+        for name, asked, most in limits:
+            if check and asked is not None and asked > most:
+                raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
+        if check and options.dead_letter and self._feed_at(options.dead_letter) is None:
+            raise BadRequest(f"pipe dead_letter names no existing feed: {options.dead_letter}")
+        return PipeSettings(
+            durable=bool(options.durable),
+            lease=config.lease if options.lease is None else options.lease,
+            max_deliveries=options.max_deliveries or config.max_deliveries,
+            dead_letter=options.dead_letter,
+            max_messages=options.max_messages or config.max_pipe_messages,
+            max_bytes=options.max_bytes or config.max_pipe_bytes,
+            overflow=options.overflow or config.overflow,
+            given=options.given(),
+        )
+
+    def update_pipe(self, pipe: Pipe, update: Update) -> Pipe:
+        """L8: a PUT on a pipe may change its title, nothing else."""
+        alive(pipe)
+        if update.type is not None and update.type not in ("", pipe.type, "fifo"):
+            raise Forbidden("a pipe's type cannot be changed")
+        pipe.title = update.title or None
+        pipe.touch(self._wall())
+        self._log_pipe(pipe)
+        return pipe
+
+    def _log_pipe(self, pipe: Pipe) -> None:
+        if self.journal is not None:
+            self.journal.append(
+                (
+                    "pipe",
+                    pipe.key,
+                    pipe.type,
+                    pipe.title,
+                    pipe.domain.name,
+                    pipe.owner,
+                    dumps(pipe.options).decode(),
+                )
+            )
+
+    def delete_pipe(self, pipe: Pipe) -> None:
+        """R5: joins, messages and contents go; waiting GETs get 404 (A6)."""
+        if pipe.deleted:
+            return
+        now = self._wall()
+        pipe.deleted = True
+        self._private.pop(pipe.key, None)
+        self._moved.discard(pipe)
+        self._rejecting -= pipe.overflow == "reject"
+        if self.journal is not None:
+            self.journal.append(("pipe-", pipe.key))
+        # Q1: work a queueing feed gave this pipe and nobody acknowledged goes back.
+        requeued: set[Feed] = set()
+        for message in reversed(pipe.messages.values()):
+            source = message.source
+            if source is not None and not source.deleted:
+                self._requeue(source, message)
+                requeued.add(source)
+                self.counters.requeued += 1
+        self.held -= pipe.bytes + OVERHEAD * len(pipe.messages)
+        pipe.messages.clear()
+        pipe.bytes = pipe.spilled = pipe.spilled_bytes = 0
+        for join in list(pipe.joins.values()):
+            self._unlink(join, now, cascade=True)
+        for feed in requeued:
+            self._drain(feed)
+        pipe.wake()
+
+    # ------------------------------------------------------------ joins
+    def create_join(self, pipe: Pipe, spec: JoinSpec) -> tuple[Join, bool]:
+        """F10, F16, P4: a new join, or the identical one that exists (created False)."""
+        alive(pipe)
+        feed = self.feed_at(spec.feed_path)
+        if feed is self.default_feed:
+            default = next((j for j in pipe.joins.values() if j.is_default), None)
+            if default is not None and spec.address == pipe.key and not spec.headers:
+                return default, False
+            raise Forbidden("the default feed takes no joins besides each pipe's default join")
+        if pipe.type == "ondemand" and feed.type not in QUEUEING_TYPES:
+            raise Forbidden("ondemand pipes may only join rotator or service feeds")
+        identity = (feed.key, spec.type, spec.address, tuple(sorted(spec.headers)))
+        for join in pipe.joins.values():
+            if join.feed is feed and (feed.key, *join.spec.identity[1:]) == identity:
+                return join, False
+        join = self._link(pipe, feed, spec, False, self._wall())
+        if feed.type in QUEUEING_TYPES:
+            self._drain(feed)
+        return join, True
+
+    def _link(
+        self,
+        pipe: Pipe,
+        feed: Feed,
+        spec: JoinSpec,
+        is_default: bool,
+        now: float,
+        key: str | None = None,
+    ) -> Join:
+        match = matcher(feed.type, spec.address, spec.headers)
+        key = key or names.new_hash()
+        join = Join(key, pipe, feed, spec, match, is_default, now)
+        if self.journal is not None:
+            headers = dumps(spec.headers).decode()
+            self.journal.append(
+                ("join", key, pipe.key, feed.key, spec.type, spec.address, headers, is_default)
+            )
+        feed.joins[key] = join
+        if feed.type in INDEXED_TYPES:
+            feed.by_address.setdefault(spec.address, []).append(join)
+        feed.topic_cache.clear()
+        feed.had_join = True
+        pipe.joins[key] = join
+        self._private[key] = join
+        pipe.touch(now)
+        return join
+
+    def delete_join(self, join: Join) -> None:
+        """F16: the default join cannot go; a service feed may go with its last join (F8)."""
+        if join.is_default:
+            raise Forbidden("a pipe's default join cannot be deleted")
+        self._unlink(join, self._wall(), cascade=True)
+
+    def _unlink(self, join: Join, now: float, *, cascade: bool) -> None:
+        if join.deleted:
+            return
+        join.deleted = True
+        feed, pipe = join.feed, join.pipe
+        if self.journal is not None:
+            self.journal.append(("join-", join.key))
+        feed.joins.pop(join.key, None)
+        peers = feed.by_address.get(join.spec.address)
+        if peers is not None and join in peers:
+            peers.remove(join)
+            if not peers:
+                del feed.by_address[join.spec.address]
+        feed.topic_cache.clear()
+        pipe.joins.pop(join.key, None)
+        self._private.pop(join.key, None)
+        pipe.touch(now)
+        join.wake()
+        if (
+            cascade
+            and feed.type == "service"
+            and not feed.joins
+            and not feed.deleted
+            and not feed.configured
+        ):
+            self._drop_feed(feed)
+
+    # ------------------------------------------------------------ contents
+    def stage(self, feed: Feed, data: bytes, content_type: str, owner: str) -> StagedContent:
+        """M1: keep an opaque body until a message references it, or its TTL ends (M4)."""
+        alive(feed)
+        if self._staged_bytes + len(data) > self.config.max_staged_bytes:
+            raise ServiceUnavailable("too many staged contents are waiting; retry later", 5)
+        key = names.new_hash()
+        staged = StagedContent(
+            key,
+            feed,
+            Blob(data, content_type),
+            owner,
+            self._wall(),
+            self._mono() + self.config.staged_ttl,
+        )
+        feed.staged[key] = staged
+        self._private[key] = staged
+        self._staged_bytes += len(data)
+        self.counters.staged += 1
+        return staged
+
+    def expire_staged(self) -> int:
+        """M4: drop staged contents past their TTL; returns how many went."""
+        now = self._mono()
+        expired = [
+            s for s in self._private.values() if isinstance(s, StagedContent) and s.expires <= now
+        ]
+        for staged in expired:
+            self.delete_staged(staged)
+        self.counters.staged_expired += len(expired)
+        return len(expired)
+
+    def delete_staged(self, staged: StagedContent) -> None:
+        if staged.deleted:
+            return
+        staged.deleted = True
+        staged.feed.staged.pop(staged.key, None)
+        self._private.pop(staged.key, None)
+        self._staged_bytes -= len(staged.blob.data)
+        staged.wake()
+
+    # ------------------------------------------------------------ placing messages
+    def _deliver(
+        self,
+        pipe: Pipe,
+        spec: MessageSpec,
+        parts: list[Part | None],
+        feed: Feed,
+        now: float,
+        durable: bool,
+        size: int,
+        redeliveries: int = 0,
+    ) -> None:
+        source = feed if feed.type in QUEUEING_TYPES else None
+        message = Message(0, spec, list(parts), feed.name, source, now)
+        message.size = size
+        message.durable = durable
+        message.redeliveries = redeliveries
+        ttl = spec.prop("expiration")
+        if ttl is not None:
+            message.expires = self._mono() + int(ttl) / 1000
+        self.counters.routed += 1
+        self._place(pipe, message, now)
+
+    def _place(self, pipe: Pipe, message: Message, now: float) -> None:
+        """Give the message the pipe's next position: held in memory, or on disk past
+        the memory budget. New messages and redelivered ones both come through here."""
+        message.seq = pipe.next_seq
+        pipe.next_seq += 1
+        message.durable = message.durable or pipe.durable
+        if self.journal is not None:
+            self._moved.add(pipe)
+            budget = self.config.memory_budget
+            if budget and (pipe.spilled or self.held + message.size + OVERHEAD > budget):
+                self._spill(pipe, message)
+                pipe.touch(now)
+                return
+            if message.durable:
+                self._log_message(pipe, message)
+        self._hold(pipe, message)
+        pipe.touch(now)
+
+    def _hold(self, pipe: Pipe, message: Message) -> None:
+        pipe.messages[message.seq] = message
+        pipe.bytes += message.size
+        self.held += message.size + OVERHEAD
+        if message.expires is not None:
+            pipe.expiring += 1
+
+    def _unhold(self, pipe: Pipe, seq: int) -> Message:
+        message = pipe.messages.pop(seq)
+        pipe.bytes -= message.size
+        self.held -= message.size + OVERHEAD
+        return message
+
+    def _spill(self, pipe: Pipe, message: Message) -> None:
+        """Past the memory budget: the message waits on disk, behind every message of
+        the pipe in memory, until readers get that far (:meth:`page_in`)."""
+        self._log_message(pipe, message)
+        if not pipe.spilled:
+            pipe.spill_lo = message.seq
+        pipe.spill_hi = message.seq + 1
+        pipe.spilled += 1
+        pipe.spilled_bytes += message.size
+        self.counters.spilled += 1
+
+    def _log_message(self, pipe: Pipe, message: Message) -> None:
+        assert self.journal is not None
+        source = message.source.key if message.source is not None else None
+        data = record(
+            message.spec,
+            message.parts,
+            message.feed_name,
+            message.arrived,
+            self._expires_at(message.expires),
+            message.redeliveries,
+            None if message.durable else self.epoch,
+        )
+        self.journal.append(("msg", pipe.key, message.seq, source, data))
+
+    def _expires_at(self, deadline: float | None) -> float | None:
+        """A monotonic deadline as wall-clock time, which survives a restart."""
+        return None if deadline is None else self._wall() + (deadline - self._mono())
+
+    def _drop(self, pipe: Pipe, seq: int) -> Message:
+        """Take one message out of its pipe (expired, overflowed or redelivered)."""
+        message = self._unhold(pipe, seq)
+        if self.journal is not None:  # durable, or read back from disk: a row to delete
+            self.journal.append(("drop", pipe.key, seq))
+        return message
+
+    # ------------------------------------------------------------ rotator and service queues
+    def _enqueue(self, feed: Feed, entry: Queued, durable: bool, *, front: bool) -> None:
+        spec, parts, _, redelivered = entry
+        qid: int | None = None
+        if self.journal is not None and durable:
+            if front:
+                qid = feed.qfront
+                feed.qfront -= 1
+            else:
+                feed.qback += 1
+                qid = feed.qback
+            data = record(spec, parts, feed.name, 0.0, None, redelivered)
+            self.journal.append(("queue+", feed.key, qid, data))
+        entry = (spec, parts, qid, redelivered)
+        if front:
+            feed.queue.appendleft(entry)
+        else:
+            feed.queue.append(entry)
+
+    def _requeue(self, feed: Feed, message: Message) -> None:
+        """Q1: an unacknowledged message goes back to the front of its feed's queue."""
+        entry = (message.spec, message.parts, None, message.redeliveries)
+        self._enqueue(feed, entry, message.durable, front=True)
+
+    def _hand_out(self, feed: Feed, pipe: Pipe) -> None:
+        """Give the pipe the message at the front of the feed's queue."""
+        spec, parts, qid, redelivered = feed.queue.popleft()
+        if qid is not None and self.journal is not None:
+            self.journal.append(("queue-", feed.key, qid))
+        durable = qid is not None or persistent(spec)
+        self._deliver(
+            pipe, spec, parts, feed, self._wall(), durable, content_size(parts), redelivered
+        )
+
+    def _drain(self, feed: Feed) -> None:
+        """F8: hand queued messages to eligible pipes, in order."""
+        while feed.queue and not feed.deleted:
+            join = eligible(feed)
+            if join is None:
+                return
+            self._hand_out(feed, join.pipe)
+
+
+def alive(resource: Watchable) -> None:
+    """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
+    if resource.deleted:
+        raise NotFound("the resource was deleted")

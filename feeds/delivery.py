@@ -1,0 +1,379 @@
+"""Publishing and reading: routing with deduplication and overflow policies (F18-F21,
+Q2), then listings, asynclets, acknowledgement and contents (A2-A9, D1-D8).
+
+The theory of operation is in :mod:`feeds.engine`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+
+from restms.errors import Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
+from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
+from restms.uris import split_path
+
+from .core import Core, alive
+from .dedup import DedupWindow
+from .model import (
+    Blob,
+    Feed,
+    Message,
+    OnDisk,
+    Part,
+    PartRef,
+    Pipe,
+    Slot,
+    StagedContent,
+    content_size,
+)
+from .routing import QUEUEING_TYPES
+from .selection import capacity, eligible, matching
+from .store import persistent
+
+
+class Delivery(Core):
+    """Publishing into pipes and feeds, and reading from pipes."""
+
+    # ------------------------------------------------------------ publish
+    def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
+        """Route messages in order; returns the join count for each (F18, F20).
+
+        A message whose ``message_id`` the feed routed within the dedup window is not
+        routed again: its count is a :class:`Duplicate` of the first one's.
+        """
+        alive(feed)
+        window = self._window(feed) if self.config.dedup_window else None
+        ids = [spec.prop("message_id") for spec in messages] if window is not None else []
+        repeats = self._repeats(window, ids)
+        if feed.type in QUEUEING_TYPES:
+            would_queue = len(messages) - len(repeats) - capacity(feed)
+            if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
+                raise ServiceUnavailable(
+                    f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
+                    f"{self.config.max_feed_queue} messages queued and no pipe to take "
+                    f"{would_queue} more; retry later",
+                    1,
+                )
+        elif self._rejecting:
+            self._check_room(feed, messages, repeats)
+        parts = self._claim_contents(feed, messages, repeats)
+        now, mono = self._wall(), self._mono()
+        counts: list[int] = []
+        for index, (spec, part) in enumerate(zip(messages, parts, strict=True)):
+            message_id = ids[index] if ids else None
+            if index in repeats:
+                assert window is not None
+                assert message_id
+                counts.append(Duplicate(window.get(message_id, mono) or 0))
+                continue
+            count = self._route(feed, spec, part, now, persistent(spec), content_size(part))
+            counts.append(count)
+            if message_id:
+                assert window is not None
+                window.add(message_id, count, mono)
+        self.counters.published += len(messages) - len(repeats)
+        self.counters.duplicates += len(repeats)
+        return counts
+
+    def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
+        """A publish whose commit failed was not accepted: its ids leave the window, so a
+        retry is routed again instead of being answered as a duplicate."""
+        window = feed.seen
+        if window is None:
+            return
+        for spec in messages:
+            message_id = spec.prop("message_id")
+            if message_id:
+                window.discard(message_id)
+
+    def _window(self, feed: Feed) -> DedupWindow:
+        if feed.seen is None:
+            feed.seen = DedupWindow(self.config.dedup_window, self.config.dedup_max)
+        return feed.seen
+
+    def _repeats(self, window: DedupWindow | None, ids: list[str | None]) -> set[int]:
+        """Positions of messages whose ``message_id`` is in the window or earlier in
+        this same request: they are answered, not routed."""
+        if window is None:
+            return set()
+        mono = self._mono()
+        repeats: set[int] = set()
+        fresh: set[str] = set()
+        for index, message_id in enumerate(ids):
+            if not message_id:
+                continue
+            if message_id in fresh or window.get(message_id, mono) is not None:
+                repeats.add(index)
+            else:
+                fresh.add(message_id)
+        return repeats
+
+    def _check_room(self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]) -> None:
+        """Overflow policy "reject": the whole publish fails, before anything is routed,
+        when a matching pipe would pass its limits (503 naming the pipe)."""
+        need: dict[Pipe, list[int]] = {}
+        for index, spec in enumerate(messages):
+            if index in skip:
+                continue
+            size = -1
+            for pipe in {join.pipe for join in matching(feed, spec)}:
+                if pipe.overflow != "reject":
+                    continue
+                if size < 0:
+                    size = self._spec_size(spec)
+                if size > pipe.max_bytes:
+                    raise PayloadTooLarge(
+                        f"a message of {size} bytes is larger than pipe {_label(pipe)} "
+                        f"accepts ({pipe.max_bytes} bytes)"
+                    )
+                wanted = need.setdefault(pipe, [0, 0])
+                wanted[0] += 1
+                wanted[1] += size
+        for pipe, (count, size) in need.items():
+            held, held_bytes = len(pipe.messages) + pipe.spilled, pipe.bytes + pipe.spilled_bytes
+            if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
+                self.counters.rejected_full += 1
+                raise ServiceUnavailable(
+                    f"pipe {_label(pipe)} is full ({held} of {pipe.max_messages} "
+                    f"messages, {held_bytes} of {pipe.max_bytes} bytes) and rejects more; "
+                    "retry later",
+                    5,
+                )
+
+    def _spec_size(self, spec: MessageSpec) -> int:
+        total = 0
+        for content in spec.contents:
+            if isinstance(content, EmbeddedContent):
+                total += len(content.value)
+            else:
+                staged = self._staged_at(content.path)
+                total += len(staged.blob.data) if staged is not None else 0
+        return total
+
+    def _claim_contents(
+        self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]
+    ) -> list[list[Part | None]]:
+        """M8-M10: check every reference first; only then use the staged contents up.
+
+        Repeated messages (``skip``) are not routed, so their references are not used.
+        """
+        claimed: dict[str, StagedContent] = {}
+        out: list[list[Part | None]] = []
+        for index, spec in enumerate(messages):
+            parts: list[Part | None] = []
+            out.append(parts)
+            if skip and index in skip:
+                continue
+            for content in spec.contents:
+                if not isinstance(content, LinkedContent):
+                    parts.append(content)
+                    continue
+                staged = self._staged_at(content.path)
+                if staged is None or staged.key in claimed:
+                    raise NotFound(f"staged content {content.path} does not exist or was used")
+                if staged.feed is not feed:
+                    raise Forbidden(f"staged content {content.path} belongs to another feed")
+                claimed[staged.key] = staged
+                parts.append(staged.blob)
+        for staged in claimed.values():
+            self.delete_staged(staged)
+        return out
+
+    def _staged_at(self, path: str) -> StagedContent | None:
+        where = split_path(path)
+        if where is None or where[0] != "resource":
+            return None
+        found = self._private.get(where[1])
+        return found if isinstance(found, StagedContent) else None
+
+    def _route(
+        self,
+        feed: Feed,
+        spec: MessageSpec,
+        parts: list[Part | None],
+        now: float,
+        durable: bool,
+        size: int,
+        redeliveries: int = 0,
+    ) -> int:
+        if feed.type in QUEUEING_TYPES:
+            join = eligible(feed)
+            if join is None:
+                self._enqueue(feed, (spec, parts, None, redeliveries), durable, front=False)
+                self.counters.queued += 1
+                return 0
+            self._deliver(join.pipe, spec, parts, feed, now, durable, size, redeliveries)
+            return 1
+        joins = matching(feed, spec)
+        if not joins:
+            return 0
+        count = 0
+        # A pipe gets one copy however many of its joins match; each matching join counts.
+        took: set[Pipe] | None = None if len(joins) == 1 else set()
+        for join in joins:
+            pipe = join.pipe
+            if took is not None and pipe in took:
+                count += 1
+                continue
+            if pipe.full(size) and (
+                pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)
+            ):
+                self.counters.skipped_full += 1
+                continue
+            count += 1
+            if took is not None:
+                took.add(pipe)
+            self._deliver(pipe, spec, parts, feed, now, durable, size, redeliveries)
+        return count
+
+    def _make_room(self, pipe: Pipe, size: int) -> bool:
+        """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of
+        ``size`` bytes fits; False when it never could."""
+        if size > pipe.max_bytes:
+            return False
+        while pipe.messages and pipe.full(size):  # the oldest are in memory, never on disk
+            self._drop(pipe, next(iter(pipe.messages)))
+            self.counters.dropped_oldest += 1
+        return not pipe.full(size)
+
+    # ------------------------------------------------------------ reading
+    def listing(self, pipe: Pipe) -> tuple[list[Message], int | None]:
+        """A8: the oldest messages (capped) and the asynclet position, or None when capped."""
+        self._expire(pipe)
+        cap = self.config.listing_cap
+        if len(pipe.messages) <= cap and not pipe.spilled:
+            return list(pipe.messages.values()), pipe.next_seq
+        out = []
+        for message in pipe.messages.values():
+            out.append(message)
+            if len(out) == cap:
+                break
+        return out, None
+
+    def message(self, slot: Slot) -> Message | None:
+        if slot.pipe.deleted:
+            return None
+        self._expire(slot.pipe)
+        return slot.pipe.messages.get(slot.seq)
+
+    def _expire(self, pipe: Pipe) -> None:
+        """Q30: drop messages whose ``expiration`` has passed, unread (counted)."""
+        if not pipe.expiring:
+            return
+        now = self._mono()
+        expired = [
+            seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
+        ]
+        for seq in expired:
+            self._drop(pipe, seq)
+        pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
+        if expired:
+            self.counters.expired += len(expired)
+            pipe.touch(self._wall())
+
+    def pending(self, slot: Slot) -> bool:
+        """True when the slot is the asynclet: the next position of a live pipe (A3, A5)."""
+        return not slot.pipe.deleted and slot.seq == slot.pipe.next_seq
+
+    async def wait_message(self, slot: Slot, timeout: float) -> Message | None:
+        """A2, A5, A6, P3: the message at this slot, waiting while it is the asynclet.
+
+        Returns None when ``timeout`` runs out (A9). Raises 404 for positions that are
+        gone, never issued, beyond the asynclet, or whose pipe is deleted meanwhile.
+        """
+        pipe, seq = slot.pipe, slot.seq
+        deadline = self._mono() + timeout
+        while True:
+            if pipe.deleted:
+                raise NotFound("the pipe was deleted")
+            self._expire(pipe)
+            message = pipe.messages.get(seq)
+            if message is not None:
+                return message
+            if pipe.on_disk(seq):
+                raise OnDisk(seq)
+            if seq != pipe.next_seq:
+                raise NotFound("no message at this position")
+            self.check_open()
+            ondemand = pipe.type == "ondemand"
+            if ondemand and not pipe.messages and self._pull(pipe):
+                continue
+            if ondemand:
+                pipe.demand += 1
+            try:
+                if not await pipe.changed(deadline - self._mono()):
+                    return None
+            finally:
+                if ondemand:
+                    pipe.demand -= 1
+
+    def _pull(self, pipe: Pipe) -> bool:
+        """P3: an ondemand pipe asks its queueing feeds for one message."""
+        for join in pipe.joins.values():
+            feed = join.feed
+            if feed.queue:
+                self._hand_out(feed, pipe)
+                return True
+        return False
+
+    def ack(self, slot: Slot) -> int:
+        """D4, A7: delete this message and all older ones; a pending slot is a no-op."""
+        pipe = slot.pipe
+        if pipe.deleted or slot.seq >= pipe.next_seq:
+            return 0
+        removed = 0
+        messages = pipe.messages
+        while messages:
+            oldest = next(iter(messages))
+            if oldest > slot.seq:
+                break
+            self._unhold(pipe, oldest)
+            removed += 1
+        if removed:
+            self.counters.acknowledged += removed
+            if self.journal is not None:
+                self.journal.append(("ack", pipe.key, slot.seq))
+            pipe.touch(self._wall())
+            for join in list(pipe.joins.values()):
+                if join.feed.queue:
+                    self._drain(join.feed)
+        return removed
+
+    def part(self, ref: PartRef) -> Blob:
+        """D2, D6: the bytes of one delivered content, or 404."""
+        message = self.message(Slot(ref.pipe, ref.seq))
+        if message is None or ref.index >= len(message.parts):
+            raise NotFound("no such content")
+        part = message.parts[ref.index]
+        if not isinstance(part, Blob):
+            raise NotFound("no such content")
+        return part
+
+    def delete_part(self, ref: PartRef) -> None:
+        message = self.message(Slot(ref.pipe, ref.seq))
+        part = message.parts[ref.index] if message and ref.index < len(message.parts) else None
+        if message is not None and part is not None:
+            message.parts[ref.index] = None
+            gone = content_size([part])
+            message.size -= gone
+            ref.pipe.bytes -= gone
+            self.held -= gone
+            if message.durable and self.journal is not None:
+                self._log_message(ref.pipe, message)
+            ref.pipe.touch(self._wall())
+
+    def stream(self, pipe: Pipe, after: int) -> Iterator[Message]:
+        """Messages held in the pipe at positions after ``after``, oldest first."""
+        pipe.accessed = self._mono()
+        self._expire(pipe)
+        for seq, message in pipe.messages.items():
+            if seq > after:
+                yield message
+
+
+def _label(pipe: Pipe) -> str:
+    """How replies to others name a pipe: its title and a digest of its name, never the
+    name itself, which is the pipe's capability."""
+    digest = hashlib.sha256(pipe.key.encode()).hexdigest()[:12]
+    return f"{pipe.title!r} (sha256 {digest})" if pipe.title else f"sha256 {digest}"
