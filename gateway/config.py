@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from auth import is_loopback
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -32,7 +31,7 @@ class Config:
     host: str = "127.0.0.1"
     port: int = 8080
     data_dir: str = "./var"
-    insecure: bool = False  # allow a non-loopback bind before OAuth exists
+    insecure: bool = False  # anonymous and guest requests honoured from any address (unsafe)
     log_level: str = "INFO"
     access_log: bool = False
     shutdown_grace: float = 10.0  # seconds requests in flight get to finish after SIGTERM
@@ -66,6 +65,36 @@ class Config:
     idempotency_max: int = 10_000  # replies kept for Idempotency-Key repeats
     idempotency_bytes: int = 64 * 1024 * 1024  # bytes of those replies at most
     sweep_interval: float = 1.0  # seconds between lease, idle-pipe and staged-content sweeps
+    # authentication and access (docs/AUTH.md)
+    anonymous: bool = True  # a request without credentials from loopback acts as guest
+    guest_user: bool = True  # HTTP Basic guest/guest is honoured from loopback
+    guest_scopes: str = "restms:read restms:publish restms:subscribe"
+    builtin_issuer: bool = True  # run the built-in authorization server and trust its tokens
+    oauth_issuer: str = ""  # the built-in server's "iss"; "" derives it from scheme, host, port
+    audience: str = "restms"  # the "aud" every accepted JWT must carry
+    token_ttl: float = 600.0  # seconds a token from the built-in server lives
+    token_leeway: float = 30.0  # seconds of clock skew allowed on exp, nbf, iat
+    jwks_refresh: float = 30.0  # seconds at least between JWKS fetches for unknown kids
+    introspection_url: str = ""  # RFC 7662 endpoint for opaque tokens ("" : none)
+    introspection_client_id: str = ""
+    introspection_client_secret: str = field(default="", repr=False)
+    token_cache: int = 100_000  # verified tokens remembered until they expire
+    # abuse limits (docs/AUTH.md)
+    rate_limit: float = 1000.0  # requests per second per principal (0: no limit)
+    rate_burst: int = 2000  # requests a principal may make at once above the rate
+    max_pipes_per_principal: int = 1000
+    max_joins_per_principal: int = 10_000
+    max_waits_per_principal: int = 100  # asynclets, long-polls and streams open at once
+    max_connections: int = 10_000  # open client connections in all
+    max_connections_per_ip: int = 1000
+    max_line_size: int = 8190  # bytes in the request line
+    max_field_size: int = 8190  # bytes in one header
+    max_headers: int = 100  # headers in one request
+    header_timeout: float = 10.0  # seconds a client has to send a whole request head
+    body_timeout: float = 60.0  # seconds a client has to send a whole request body
+    keepalive_timeout: float = 75.0  # seconds an idle keep-alive connection stays open
+    tls_cert: str = ""  # PEM certificate chain: with tls_key, the gateway serves HTTPS
+    tls_key: str = field(default="", repr=False)
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
@@ -118,12 +147,32 @@ class Config:
             max_contents=self.max_contents_per_message,
         )
         object.__setattr__(self, "limits", limits)
-        if not self.insecure and not is_loopback(self.host):
-            raise ConfigError(
-                f"refusing to listen on {self.host}: until OAuth is configured every request "
-                "acts as the guest principal, so only loopback is allowed; pass --insecure "
-                "to listen there anyway"
-            )
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert and tls_key must be given together")
+        floats = ("token_ttl", "header_timeout", "body_timeout", "keepalive_timeout")
+        for key in floats:
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive")
+        for key in ("token_leeway", "jwks_refresh", "rate_limit"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must not be negative")
+        caps = (
+            "rate_burst",
+            "token_cache",
+            "max_pipes_per_principal",
+            "max_joins_per_principal",
+            "max_waits_per_principal",
+            "max_connections",
+            "max_connections_per_ip",
+            "max_line_size",
+            "max_field_size",
+            "max_headers",
+        )
+        for key in caps:
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1")
+        if self.introspection_url and not self.introspection_client_id:
+            raise ConfigError("introspection_url needs introspection_client_id")
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
