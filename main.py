@@ -24,11 +24,57 @@ def _parser() -> argparse.ArgumentParser:
         help="allow listening on a non-loopback address without OAuth",
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    client = verbs.add_parser("client", help="manage the built-in OAuth server's clients")
+    client_verbs = client.add_subparsers(dest="action", required=True)
+    add = client_verbs.add_parser("add", help="add a client and print its secret once")
+    add.add_argument("name", help="client id: 1 to 64 of A-Z a-z 0-9 . _ -")
+    add.add_argument("--scopes", required=True, help='space-separated, e.g. "restms:read"')
+    client_verbs.add_parser("list", help="list client ids and their scopes")
+    remove = client_verbs.add_parser("remove", help="remove a client (its tokens live on)")
+    remove.add_argument("name")
+    for action in client_verbs.choices.values():
+        action.add_argument("--data-dir", help="data directory (default ./var)")
+        action.add_argument("--config", help="TOML configuration file")
     return parser
+
+
+def _client(args: argparse.Namespace) -> int:
+    """``client add|list|remove``: edit ``<data_dir>/oauth/clients.json``; a running
+    gateway sees the change on its next token request."""
+    from pathlib import Path
+
+    from auth.clients import CLIENTS_FILE, ClientStore, parse_scopes
+
+    try:
+        config = load(args.config, overrides={"data_dir": args.data_dir})
+        store = ClientStore(Path(config.data_dir) / CLIENTS_FILE)
+        if args.action == "add":
+            secret = store.add(args.name, parse_scopes(args.scopes))
+            print(f"client_id: {args.name}")
+            print(f"client_secret: {secret}")
+            print("Keep the secret now: only its hash is stored, it cannot be shown again.")
+        elif args.action == "remove":
+            try:
+                store.remove(args.name)
+            except KeyError:
+                raise ValueError(f"no client {args.name!r} in {store.path}") from None
+            print(f"removed client {args.name}; tokens it holds stay valid until they expire")
+        else:
+            clients = store.clients()
+            for client in clients:
+                print(client.client_id, " ".join(client.scopes), sep="\t")
+            if not clients:
+                print(f"main.py: no clients in {store.path}", file=sys.stderr)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"main.py: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.verb == "client":
+        return _client(args)
     overrides = {
         "host": args.host,
         "port": args.port,
