@@ -1,5 +1,21 @@
-"""Authentication and access policy, framework-free (OAuth arrives with issue 4)."""
+"""Authentication and access policy, framework-free (docs/AUTH.md).
 
-from .principals import GUEST, is_loopback, principal_for
+``principals``: who a request acts as, guests, configured users, tenants;
+``scopes``: what a principal may do where; ``tokens``: bearer-token checks;
+``issuer`` and ``clients``: the built-in authorization server; ``limits``: rate limits.
+"""
 
-__all__ = ["GUEST", "is_loopback", "principal_for"]
+from .principals import GUEST, Guests, Principal, Tenants, User, is_loopback
+from .scopes import ACTIONS, Grants, grants
+
+__all__ = [
+    "ACTIONS",
+    "GUEST",
+    "Grants",
+    "Guests",
+    "Principal",
+    "Tenants",
+    "User",
+    "grants",
+    "is_loopback",
+]

@@ -1,16 +1,43 @@
-"""Who a request acts as, before OAuth exists (issue 2's rule; issue 4 replaces it).
+"""Who a request acts as, and which domains (tenants) it may see.
 
-A request from a loopback peer acts as the built-in ``guest`` principal; so does any
-request when the operator started the gateway ``--insecure``. Anything else has no
-principal and must be refused with 401. Framework-free: ``gateway`` asks, then answers.
+A request names its principal one of three ways (the gateway's middleware asks, in
+this order):
+
+* ``Authorization: Bearer <token>``: the token's subject, with the token's scopes
+  (:mod:`auth.tokens` checks the token);
+* ``Authorization: Basic``: a configured user (scrypt-hashed password), for older
+  RestMS clients that know nothing else. The built-in ``guest``/``guest`` user is
+  honoured only from loopback, like a request with no credentials at all;
+* nothing: from loopback (or from anywhere when started ``--insecure``) the request
+  acts as ``guest``, unless anonymous access is turned off.
+
+Framework-free: the gateway passes in what it read from the request.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import functools
+import hmac
 import ipaddress
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .scopes import Grants, grants
 
 GUEST = "guest"
+NAME = re.compile(r"[A-Za-z0-9._@:/+-]{1,200}")
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The identity a request acts as: its name owns what it creates."""
+
+    name: str
+    grants: Grants = field(compare=False)
+    expires: float | None = None  # epoch seconds when its credentials stop being valid
+    via: str = "anonymous"  # "anonymous", "basic" or "bearer"
 
 
 @functools.lru_cache(maxsize=4096)
@@ -27,6 +54,64 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-def principal_for(peer: str | None, *, insecure: bool) -> str | None:
-    """The principal a request from ``peer`` acts as, or None when it has none."""
-    return GUEST if insecure or is_loopback(peer) else None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class User:
+    """A configured HTTP Basic user: its password is kept only as an scrypt hash."""
+
+    name: str
+    password_hash: str = field(repr=False)
+    scopes: tuple[str, ...]
+
+
+class Guests:
+    """The loopback policy: anonymous requests and the ``guest``/``guest`` user."""
+
+    def __init__(self, *, anonymous: bool, guest_user: bool, scopes: Sequence[str], insecure: bool):
+        self.anonymous = anonymous
+        self.guest_user = guest_user
+        self.insecure = insecure
+        self.principal = Principal(GUEST, grants(tuple(scopes)), via="anonymous")
+        self.basic = Principal(GUEST, self.principal.grants, via="basic")
+
+    def trusted(self, peer: str | None, forwarded: bool = False) -> bool:
+        """Loopback, and not relayed: a reverse proxy on this host makes every peer
+        loopback, so a request carrying forwarding headers counts as from elsewhere."""
+        return self.insecure or (is_loopback(peer) and not forwarded)
+
+    def anonymous_for(self, peer: str | None, forwarded: bool = False) -> Principal | None:
+        """The principal of a request without credentials, or None (then: 401)."""
+        return self.principal if self.anonymous and self.trusted(peer, forwarded) else None
+
+    def guest_login(
+        self, name: str, password: str, peer: str | None, forwarded: bool = False
+    ) -> Principal | None:
+        """``guest``/``guest`` from loopback; None for anything else (other users decide)."""
+        if not self.guest_user or name != GUEST or not self.trusted(peer, forwarded):
+            return None
+        return self.basic if hmac.compare_digest(password.encode(), b"guest") else None
+
+
+class Tenants:
+    """Which principals each configured domain admits (``principals`` globs; ``*``: all).
+
+    A principal sees a domain when the domain admits it *and* one of its scopes reaches
+    into that domain; every other domain, and all it holds, is 404 to it.
+    """
+
+    def __init__(self, acl: Mapping[str, Iterable[str]]) -> None:
+        self._acl = {domain: tuple(patterns) for domain, patterns in acl.items()}
+        self._memo: dict[tuple[str, str], bool] = {}
+
+    def admits(self, domain: str, name: str) -> bool:
+        key = (domain, name)
+        answer = self._memo.get(key)
+        if answer is None:
+            patterns = self._acl.get(domain, ("*",))
+            answer = any(p == "*" or fnmatch.fnmatchcase(name, p) for p in patterns)
+            if len(self._memo) >= 65_536:
+                self._memo.clear()
+            self._memo[key] = answer
+        return answer
+
+    def sees(self, principal: Principal, domain: str) -> bool:
+        return self.admits(domain, principal.name) and principal.grants.sees(domain)

@@ -12,11 +12,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from auth import User
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -24,6 +26,43 @@ from restms.xmlcodec import CodecLimits
 
 class ConfigError(Exception):
     """The configuration cannot be used; the message says which key and why."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IssuerConfig:
+    """An external OAuth issuer whose JWTs the gateway accepts."""
+
+    issuer: str
+    audience: str = ""  # "" : the gateway's audience
+    jwks_url: str = ""  # keys fetched from here (refreshed on an unknown kid), or
+    jwks_file: str = ""  # a JWKS document on disk
+    algorithms: tuple[str, ...] = ("RS256", "ES256", "EdDSA")
+    prefix: str | None = None  # principal = prefix + sub; None: the issuer's host and "/"
+
+    def __post_init__(self) -> None:
+        if not self.issuer:
+            raise ConfigError("[[issuers]] needs an issuer")
+        if bool(self.jwks_url) == bool(self.jwks_file):
+            raise ConfigError(f"issuer {self.issuer}: give exactly one of jwks_url, jwks_file")
+        bad = set(self.algorithms) - {"RS256", "ES256", "EdDSA"}
+        if bad or not self.algorithms:
+            raise ConfigError(f"issuer {self.issuer}: algorithms must be among RS256, ES256, EdDSA")
+
+    @property
+    def principal_prefix(self) -> str:
+        if self.prefix is not None:
+            return self.prefix
+        host = urllib.parse.urlsplit(self.issuer).netloc or self.issuer
+        return host + "/"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClientConfig:
+    """A client of the built-in authorization server, defined in the config file."""
+
+    client_id: str
+    secret_hash: str = field(repr=False)
+    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,6 +140,11 @@ class Config:
     journal_interval: float = 0.05  # seconds; lazy records (positions) wait at most this long
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
+    # [[domains]] principals = [...]: who each domain admits (absent: everyone)
+    domain_principals: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    issuers: tuple[IssuerConfig, ...] = ()  # [[issuers]]: external token issuers trusted
+    clients: tuple[ClientConfig, ...] = ()  # [[clients]]: built-in server clients
+    users: tuple[User, ...] = ()  # [[users]]: HTTP Basic users
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
@@ -196,8 +240,11 @@ class Config:
         )
 
 
+_TABLES = {"issuers": IssuerConfig, "clients": ClientConfig, "users": User}
 _SCALARS = {
-    f.name: f for f in dataclasses.fields(Config) if f.init and f.name not in ("domains", "feeds")
+    f.name: f
+    for f in dataclasses.fields(Config)
+    if f.init and f.name not in ("domains", "feeds", *_TABLES, "domain_principals")
 }
 
 
@@ -254,6 +301,7 @@ def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     domains = table.pop("domains", None)
     feeds = table.pop("feeds", None)
+    tables = {key: table.pop(key) for key in _TABLES if key in table}
     for key, value in table.items():
         if key not in _SCALARS:
             raise ConfigError(f"{path}: unknown key {key!r}")
@@ -261,8 +309,24 @@ def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     if domains is not None:
         try:
             values["domains"] = tuple((d["name"], d.get("title", d["name"])) for d in domains)
+            values["domain_principals"] = tuple(
+                (d["name"], tuple(str(p) for p in d["principals"]))
+                for d in domains
+                if "principals" in d
+            )
         except (KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{path}: each [[domains]] needs a name") from exc
+    for key, kind in _TABLES.items():
+        entries = tables.get(key)
+        if entries is None:
+            continue
+        try:
+            values[key] = tuple(
+                kind(**{k: tuple(v) if isinstance(v, list) else v for k, v in e.items()})
+                for e in entries
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{path}: bad [[{key}]] entry: {exc}") from exc
     if feeds is not None:
         try:
             values["feeds"] = tuple(FeedConfig(**f) for f in feeds)

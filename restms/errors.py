@@ -7,8 +7,9 @@ with ``raise ... from exc``, so the cause stays in the traceback.
 
     RestMSError                      500  (never raised directly)
     ├── BadRequest                   400  malformed document, unknown type, bad value
-    ├── Unauthorized                 401  no or bad credentials
+    ├── Unauthorized                 401  no or bad credentials (carries challenges)
     ├── Forbidden                    403  method or action not allowed on this resource
+    │   └── InsufficientScope        403  the token lacks a scope (carries a challenge)
     ├── NotFound                     404  no such resource (or not yours)
     ├── MethodNotAllowed             405  a method RestMS does not define (carries Allow)
     ├── NotAcceptable                406  no representation the client accepts
@@ -17,6 +18,7 @@ with ``raise ... from exc``, so the cause stays in the traceback.
     ├── PayloadTooLarge              413  body, document or count over a configured limit
     ├── UnsupportedMediaType         415  body in a media type we do not parse
     ├── UnprocessableContent         422  an Idempotency-Key reused for another request
+    ├── TooManyRequests              429  rate limit or concurrent waits (carries Retry-After)
     ├── NotImplementedFeature        501  a feature we do not offer
     └── ServiceUnavailable           503  queue full, wait expired (carries Retry-After)
 """
@@ -39,11 +41,25 @@ class BadRequest(RestMSError):
 
 
 class Unauthorized(RestMSError):
+    """``challenges`` become ``WWW-Authenticate`` headers (RFC 9110 11.6.1, RFC 6750 3)."""
+
     status = 401
+
+    def __init__(self, reason: str, challenges: tuple[str, ...] = ()) -> None:
+        super().__init__(reason)
+        self.challenges = challenges
 
 
 class Forbidden(RestMSError):
     status = 403
+
+
+class InsufficientScope(Forbidden):
+    """A bearer token without the scope a request needs (RFC 6750 3.1)."""
+
+    def __init__(self, reason: str, scope: str) -> None:
+        super().__init__(reason)
+        self.challenges = (f'Bearer realm="restms", error="insufficient_scope", scope="{scope}"',)
 
 
 class NotFound(RestMSError):
@@ -80,6 +96,14 @@ class UnsupportedMediaType(RestMSError):
 
 class UnprocessableContent(RestMSError):
     status = 422
+
+
+class TooManyRequests(RestMSError):
+    status = 429
+
+    def __init__(self, reason: str, retry_after: int = 1) -> None:
+        super().__init__(reason)
+        self.retry_after = retry_after
 
 
 class NotImplementedFeature(RestMSError):

@@ -81,11 +81,11 @@ def test_env_values_are_type_checked() -> None:
     assert load(env={"RESTMS_INSECURE": "yes", "RESTMS_HOST": "0.0.0.0"}).insecure
 
 
-def test_non_loopback_bind_needs_insecure() -> None:
-    with pytest.raises(ConfigError, match="--insecure"):
-        Config(host="0.0.0.0")
-    assert Config(host="0.0.0.0", insecure=True).host == "0.0.0.0"
+def test_non_loopback_bind_is_allowed_now_requests_authenticate() -> None:
+    assert Config(host="0.0.0.0").host == "0.0.0.0"  # guests are still loopback-only
     assert Config(host="::1").host == "::1"
+    with pytest.raises(ConfigError, match="tls_cert and tls_key"):
+        Config(tls_cert="cert.pem")
 
 
 @pytest.mark.parametrize(

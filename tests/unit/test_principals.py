@@ -1,10 +1,10 @@
-"""Who a request acts as until OAuth exists: loopback peers are guest, others nobody."""
+"""Who a request without credentials acts as: loopback peers are guest, others nobody."""
 
 from __future__ import annotations
 
 import pytest
 
-from auth import GUEST, principal_for
+from auth import GUEST, Guests
 
 
 @pytest.mark.parametrize(
@@ -24,5 +24,18 @@ from auth import GUEST, principal_for
         (None, True, GUEST),
     ],
 )
-def test_principal_for_peer(peer: str | None, insecure: bool, expected: str | None) -> None:
-    assert principal_for(peer, insecure=insecure) == expected
+def test_anonymous_principal_for_peer(
+    peer: str | None, insecure: bool, expected: str | None
+) -> None:
+    guests = Guests(anonymous=True, guest_user=True, scopes=["restms:read"], insecure=insecure)
+    principal = guests.anonymous_for(peer)
+    assert (principal.name if principal is not None else None) == expected
+
+
+def test_a_proxied_request_is_not_loopback() -> None:
+    """Behind a reverse proxy on the same host every peer is loopback: a request that
+    says it was forwarded is judged as coming from elsewhere."""
+    guests = Guests(anonymous=True, guest_user=True, scopes=["restms:read"], insecure=False)
+    assert guests.anonymous_for("127.0.0.1", forwarded=True) is None
+    assert guests.guest_login("guest", "guest", "127.0.0.1", forwarded=True) is None
+    assert guests.anonymous_for("127.0.0.1", forwarded=False) is not None
