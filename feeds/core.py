@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
@@ -64,6 +65,9 @@ class Core:
         self.public_feeds: dict[str, Feed] = {}
         self._private: dict[str, Feed | Pipe | Join | StagedContent] = {}
         self._staged_bytes = 0
+        # Pipes and joins each principal holds, for the per-principal quotas.
+        self._pipes_of: Counter[str] = Counter()
+        self._joins_of: Counter[str] = Counter()
         first = next(iter(self.domains))
         default = FeedConfig(
             name=DEFAULT_FEED,
@@ -175,6 +179,22 @@ class Core:
         except BadRequest:
             return None
 
+    def owned_pipes(self, owner: str) -> int:
+        """How many pipes ``owner`` has (for its quota)."""
+        return self._pipes_of[owner]
+
+    def owned_joins(self, owner: str) -> int:
+        """How many joins ``owner``'s pipes have, default joins included."""
+        return self._joins_of[owner]
+
+    @staticmethod
+    def _release(counts: Counter[str], owner: str) -> None:
+        left = counts[owner] - 1
+        if left > 0:
+            counts[owner] = left
+        else:
+            counts.pop(owner, None)
+
     # ------------------------------------------------------------ feeds
     def create_feed(self, domain: Domain, spec: FeedSpec, owner: str) -> tuple[Feed, bool]:
         """C1-C5: a public feed is idempotent (existing -> created False, C3, C4)."""
@@ -277,6 +297,7 @@ class Core:
         pipe = Pipe(key, spec.type, spec.title, domain, owner, now, self._settings(spec.options))
         pipe.accessed = self._mono()
         self._private[key] = pipe
+        self._pipes_of[owner] += 1
         self._rejecting += pipe.overflow == "reject"
         self._log_pipe(pipe)
         if spec.type != "ondemand":
@@ -341,6 +362,7 @@ class Core:
         now = self._wall()
         pipe.deleted = True
         self._private.pop(pipe.key, None)
+        self._release(self._pipes_of, pipe.owner)
         self._moved.discard(pipe)
         self._rejecting -= pipe.overflow == "reject"
         if self.journal is not None:
@@ -407,6 +429,7 @@ class Core:
         feed.had_join = True
         pipe.joins[key] = join
         self._private[key] = join
+        self._joins_of[pipe.owner] += 1
         pipe.touch(now)
         return join
 
@@ -432,6 +455,7 @@ class Core:
         feed.topic_cache.clear()
         pipe.joins.pop(join.key, None)
         self._private.pop(join.key, None)
+        self._release(self._joins_of, pipe.owner)
         pipe.touch(now)
         join.wake()
         if (

@@ -101,6 +101,7 @@ class Engine(Delivery):
             pipe.next_seq = next_seq
             pipe.accessed = mono
             self._private[key] = pipe
+            self._pipes_of[owner] += 1
             self._rejecting += pipe.overflow == "reject"
         for key, pipe_key, feed_key, type_, address, headers, is_default in snapshot.joins:
             owner_pipe, target = self._private.get(pipe_key), self._feed_by_key(feed_key)

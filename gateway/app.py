@@ -10,15 +10,17 @@ from pathlib import Path
 
 from aiohttp import web
 
+from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import resources
+from . import oauth, resources
+from .authn import AUTH, Authenticator, auth_context, authenticate
 from .config import Config
 from .durability import store_context
 from .idempotency import Replies
 from .keys import CONFIG, ENGINE, REPLIES, STORE
-from .middleware import authenticate, errors
+from .middleware import errors
 from .shutdown import IN_FLIGHT, InFlight, draining, last_on_connection
 
 log = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ def build_app(config: Config) -> web.Application:
     app[ENGINE] = Engine(config.engine())
     app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
     app[IN_FLIGHT] = InFlight()
+    app[AUTH] = Authenticator(config)
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     for kind in ("domain", "feed", "resource"):
@@ -40,8 +43,13 @@ def build_app(config: Config) -> web.Application:
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
+    if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
+        app.router.add_post(TOKEN_PATH, oauth.token)
+        app.router.add_get(JWKS_PATH, oauth.jwks)
+        app.router.add_get(METADATA_PATH, oauth.metadata)
     app.on_response_prepare.append(last_on_connection)
     app.on_shutdown.append(_end_waits)
+    app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(store_context)
     app.cleanup_ctx.append(_sweeper)
     return app

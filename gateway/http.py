@@ -8,6 +8,7 @@ stay a few lines: decode, call the engine, encode.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Protocol
 
@@ -21,13 +22,15 @@ from restms.errors import (
     PayloadTooLarge,
     PreconditionFailed,
     ServiceUnavailable,
+    Unauthorized,
     UnsupportedMediaType,
 )
 from restms.httpdates import etag, etag_list, http_date, parse_http_date
 from restms.media import Format, bare_type, body_format, looks_structured, negotiate
 from restms.uris import Base
 
-from .keys import CONFIG, ENGINE, PRINCIPAL
+from .authn import PRINCIPAL, waiting
+from .keys import CONFIG, ENGINE
 
 NO_CACHE = "no-cache"
 
@@ -45,8 +48,29 @@ def base(request: web.Request) -> Base:
     return Base(request.scheme, request.host)
 
 
+def credential_life(request: web.Request) -> float:
+    """Seconds until the request's credentials (its bearer token) expire; inf if never."""
+    expires = request[PRINCIPAL].expires
+    return math.inf if expires is None else expires - time.time()
+
+
+def bounded(request: web.Request, seconds: float) -> float:
+    """A wait of ``seconds`` cut short where the request's token expires (PEERS 6)."""
+    return max(0.0, min(seconds, credential_life(request)))
+
+
+def check_credentials(request: web.Request) -> None:
+    """401 ``invalid_token`` once the token a wait was made with has expired."""
+    if credential_life(request) <= 0:
+        raise Unauthorized(
+            "the access token expired during the wait; retry with a fresh one",
+            ('Bearer realm="restms", error="invalid_token", error_description="token expired"',),
+        )
+
+
 def principal(request: web.Request) -> str:
-    return request[PRINCIPAL]
+    """The name of the principal the request acts as: it owns what the request creates."""
+    return request[PRINCIPAL].name
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -192,14 +216,16 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
     if wma is not None and after is None:
         raise restms.BadRequest("When-Modified-After is not an HTTP date")
     engine = request.app[ENGINE]
-    deadline = time.monotonic() + request.app[CONFIG].max_wait
-    while True:
-        if resource.deleted:
-            raise NotFound("the resource was deleted")
-        etag_ok = not tags or tag_for(key, resource, fmt) not in tags
-        date_ok = after is None or int(resource.modified) > after
-        if etag_ok and date_ok:
-            return
-        engine.check_open()  # shutdown wakes every wait: a retriable 503, not a hang
-        if not await resource.changed(deadline - time.monotonic()):
-            raise wait_expired(request, "evented GET")
+    deadline = time.monotonic() + bounded(request, request.app[CONFIG].max_wait)
+    with waiting(request):
+        while True:
+            if resource.deleted:
+                raise NotFound("the resource was deleted")
+            etag_ok = not tags or tag_for(key, resource, fmt) not in tags
+            date_ok = after is None or int(resource.modified) > after
+            if etag_ok and date_ok:
+                return
+            engine.check_open()  # shutdown wakes every wait: a retriable 503, not a hang
+            if not await resource.changed(deadline - time.monotonic()):
+                check_credentials(request)
+                raise wait_expired(request, "evented GET")

@@ -2,9 +2,8 @@
 
 * :func:`errors` turns every failure into a ``text/plain`` reply with a precise
   status (S4). It is the only place where exceptions become HTTP.
-* :func:`authenticate` decides the request's principal. Until OAuth arrives, a
-  request from loopback (or any request when the server was started ``--insecure``)
-  acts as the built-in ``guest`` principal; anything else gets 401.
+
+Who a request acts as is decided next, by :func:`gateway.authn.authenticate`.
 """
 
 from __future__ import annotations
@@ -14,16 +13,16 @@ import logging
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
+from multidict import CIMultiDict
 
-from auth import principal_for
-from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable
-
-from .keys import CONFIG, PRINCIPAL
+from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
 
 log = logging.getLogger(__name__)
 
 
-def text_reply(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
+def text_reply(
+    status: int, reason: str, headers: CIMultiDict[str] | dict[str, str] | None = None
+) -> web.Response:
     return web.Response(status=status, text=reason.rstrip() + "\n", headers=headers)
 
 
@@ -32,17 +31,19 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except RestMSError as exc:
-        headers = {}
+        headers: CIMultiDict[str] = CIMultiDict()
         if isinstance(exc, MethodNotAllowed):
             headers["Allow"] = ", ".join(exc.allow)
-        if isinstance(exc, ServiceUnavailable):
+        if isinstance(exc, ServiceUnavailable | TooManyRequests):
             headers["Retry-After"] = str(exc.retry_after)
+        for challenge in getattr(exc, "challenges", ()):
+            headers.add("WWW-Authenticate", challenge)
         return text_reply(exc.status, exc.reason, headers)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
-        return text_reply(exc.status, exc.text or exc.reason, headers)
+        kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return text_reply(exc.status, exc.text or exc.reason, kept)
     except (asyncio.CancelledError, ConnectionError):
         raise
     except Exception:
@@ -50,12 +51,3 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         # Logged with its traceback and answered 500; the fuzz test keeps this unreached.
         log.exception("unhandled error on %s %s", request.method, request.path)
         return text_reply(500, "internal error; it has been logged")
-
-
-@web.middleware
-async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    principal = principal_for(request.remote, insecure=request.app[CONFIG].insecure)
-    if principal is None:
-        return text_reply(401, "authentication required: only loopback clients act as guest")
-    request[PRINCIPAL] = principal
-    return await handler(request)

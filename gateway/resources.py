@@ -12,12 +12,23 @@ from typing import Any
 
 from aiohttp import web
 
-from feeds.model import Domain, Feed, Join, OnDisk, PartRef, Pipe, Slot, StagedContent
+from feeds.model import (
+    Domain,
+    Feed,
+    Join,
+    Message,
+    OnDisk,
+    PartRef,
+    Pipe,
+    Slot,
+    StagedContent,
+)
 from restms import fastpath, specs
 from restms.errors import Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
-from . import http, idempotency, spill, streams, views
+from . import access, http, idempotency, spill, streams, views
+from .authn import waiting
 from .durability import committed
 from .keys import CONFIG, ENGINE, REPLIES
 
@@ -31,7 +42,12 @@ async def get_domain(request: web.Request, domain: Domain) -> web.StreamResponse
         request,
         f"d:{domain.name}",
         domain,
-        lambda: views.domain(http.base(request), domain, request.app[ENGINE]),
+        lambda: views.domain(
+            http.base(request),
+            domain,
+            request.app[ENGINE],
+            lambda f: access.readable(request, domain, f),
+        ),
     )
 
 
@@ -40,6 +56,7 @@ async def post_domain(request: web.Request, domain: Domain) -> web.StreamRespons
     document, body_fmt = await http.read_document(request)
     fmt = http.reply_format(request, body_fmt)  # 406 before anything changes
     spec = specs.creation(document, slug=request.headers.get("Slug"))
+    access.may_create(request, domain, spec)
     engine = request.app[ENGINE]
     base = http.base(request)
     if isinstance(spec, specs.PipeSpec):
@@ -180,7 +197,9 @@ async def post_join(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     """F10, F16, P4, G14: join the pipe to a feed (201, or 200 for an identical join)."""
     document, body_fmt = await http.read_document(request)
     fmt = http.reply_format(request, body_fmt)  # 406 before the join exists
-    join, created = request.app[ENGINE].create_join(pipe, specs.join(document))
+    spec = specs.join(document)
+    access.may_join(request, pipe, spec.feed_path)
+    join, created = request.app[ENGINE].create_join(pipe, spec)
     base = http.base(request)
     return http.document(
         request,
@@ -216,14 +235,9 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
         return await streams.multipart(request, pipe)
     else:
         fmt = http.reply_format(request)  # 406 before waiting, not after
-        while True:
-            try:
-                message = await engine.wait_message(slot, request.app[CONFIG].max_wait)
-                break
-            except OnDisk:  # it arrived while we waited, and went to disk
-                await spill.ensure(request.app, pipe, slot.seq)
+        message = await _fetch(request, slot, 0.0)  # there already: no wait, no slot
         if message is None:
-            raise http.wait_expired(request, "asynclet")
+            message = await _wait(request, slot)
     if message is None:
         raise NotFound("no message at this position yet")
     if request.method == "GET":
@@ -241,6 +255,25 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
         resource=message,
         no_cache=True,
     )
+
+
+async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | None:
+    engine = request.app[ENGINE]
+    while True:
+        try:
+            return await engine.wait_message(slot, wait)
+        except OnDisk:  # it arrived while we waited, and went to disk
+            await spill.ensure(request.app, slot.pipe, slot.seq)
+
+
+async def _wait(request: web.Request, slot: Slot) -> Message:
+    """A2, A9: the asynclet waits (a slot of the principal's), at most until its token expires."""
+    with waiting(request):
+        message = await _fetch(request, slot, http.bounded(request, request.app[CONFIG].max_wait))
+    if message is None:
+        http.check_credentials(request)
+        raise http.wait_expired(request, "asynclet")
+    return message
 
 
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
@@ -361,6 +394,7 @@ async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
         if not _exists(request, target):
             raise NotFound("no such resource")  # U12: absent positions are 404, not 403
         raise Forbidden(entry)
+    access.check(request, target)
     if request.method == "POST" and idempotency.HEADER in request.headers:
         return await idempotency.once(
             request,
@@ -407,6 +441,12 @@ async def handle(request: web.Request) -> web.StreamResponse:
     """Entry point for every ``/restms/{kind}/{name}`` route."""
     try:
         target = _lookup(request)
+        if access.hidden(request, target):  # another's, or another tenant's: not there
+            raise NotFound(
+                access.HIDDEN
+                if request.match_info.route.name == "resource"
+                else f"no {request.match_info.route.name} named {request.match_info['name']!r}"
+            )
     except NotFound:
         if request.method == "DELETE":
             return web.Response(status=200)  # R4, L10: DELETE is idempotent

@@ -12,8 +12,10 @@ Both are readers of the same pipe cursor as the asynclet (one queue model):
   ``multipart/mixed`` over chunked transfer, one message document per part, and each
   message is deleted once its part is written (parts cannot be acknowledged).
 
-Both end when the pipe is deleted, the client goes, ``stream_max`` seconds pass, or
-the gateway shuts down (``engine.closing``): SSE clients reconnect after ``retry``.
+Both end when the pipe is deleted, the client goes, ``stream_max`` seconds pass, the
+request's access token expires (SSE says so with an ``expired`` event), or the gateway
+shuts down (``engine.closing``): SSE clients reconnect after ``retry``. Each open
+stream holds one of its principal's waiting slots (``max_waits_per_principal``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from restms.media import Format
 from restms.names import new_hash
 
 from . import http, spill, views
+from .authn import waiting
 from .keys import CONFIG, ENGINE
 
 
@@ -38,10 +41,6 @@ def _last_event_id(request: web.Request) -> int:
 
 
 async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
-    config = request.app[CONFIG]
-    engine = request.app[ENGINE]
-    base = http.base(request)
-    after = _last_event_id(request)
     response = web.StreamResponse(
         headers={
             "Content-Type": "text/event-stream; charset=utf-8",
@@ -49,9 +48,20 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
+    with waiting(request):
+        return await _sse(request, pipe, response)
+
+
+async def _sse(
+    request: web.Request, pipe: Pipe, response: web.StreamResponse
+) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    engine = request.app[ENGINE]
+    base = http.base(request)
+    after = _last_event_id(request)
     await response.prepare(request)
     await response.write(b"retry: 2000\n\n")
-    deadline = time.monotonic() + config.stream_max
+    deadline = time.monotonic() + http.bounded(request, config.stream_max)
     try:
         while not pipe.deleted:
             await spill.ensure(request.app, pipe)  # below a page in memory: read more back
@@ -70,6 +80,8 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
                 await response.write(b": keep-alive\n\n")
         if pipe.deleted:
             await response.write(b"event: deleted\ndata: the pipe was deleted\n\n")
+        elif http.credential_life(request) <= 0:
+            await response.write(b"event: expired\ndata: the access token expired\n\n")
     except ConnectionError:
         pass  # the client went away; its messages stay in the pipe
     return response
@@ -91,9 +103,6 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     Each part is followed at once by the next delimiter, so a reader can finish a
     part without waiting for the next message.
     """
-    config = request.app[CONFIG]
-    engine = request.app[ENGINE]
-    base = http.base(request)
     fmt = _part_format(request)
     boundary = new_hash()
     response = web.StreamResponse(
@@ -103,11 +112,21 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
         }
     )
     response.enable_chunked_encoding()
+    with waiting(request):
+        return await _multipart(request, pipe, response, fmt, boundary)
+
+
+async def _multipart(
+    request: web.Request, pipe: Pipe, response: web.StreamResponse, fmt: Format, boundary: str
+) -> web.StreamResponse:
+    config = request.app[CONFIG]
+    engine = request.app[ENGINE]
+    base = http.base(request)
     await response.prepare(request)
     head = f"\r\nContent-Type: {fmt.media_type}\r\n\r\n".encode()
     delimiter = f"\r\n--{boundary}".encode()
     await response.write(delimiter[2:])
-    deadline = time.monotonic() + config.stream_max
+    deadline = time.monotonic() + http.bounded(request, config.stream_max)
     try:
         while not pipe.deleted:
             await spill.ensure(request.app, pipe)

@@ -7,7 +7,7 @@ are absolute, built for the request's own host (U4).
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from feeds.engine import Engine
 from feeds.model import Blob, Domain, Feed, Join, Message, Pipe
@@ -32,11 +32,15 @@ def profiles(base: Base) -> list[Element]:
     ]
 
 
-def domain(base: Base, d: Domain, engine: Engine) -> Document:
-    """G13, F1, F14: profiles and every public feed (the default feed in every domain)."""
+def domain(
+    base: Base, d: Domain, engine: Engine, shown: Callable[[Feed], bool] | None = None
+) -> Document:
+    """G13, F1, F14: profiles and every public feed (the default feed in every domain)
+    that ``shown`` lets the reader see."""
     feeds = dict(d.feeds)
     feeds.setdefault(engine.default_feed.key, engine.default_feed)
-    children = profiles(base) + [_feed_attrs(base, f, href=True) for f in feeds.values()]
+    listed = [f for f in feeds.values() if shown is None or shown(f)]
+    children = profiles(base) + [_feed_attrs(base, f, href=True) for f in listed]
     return doc(Element("domain", {"name": d.name, "title": d.title}, tuple(children)))
 
 

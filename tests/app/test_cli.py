@@ -45,14 +45,6 @@ async def test_sigint_also_stops_cleanly(tmp_path: Path) -> None:
             await proc.wait()
 
 
-async def test_non_loopback_bind_is_refused_without_insecure(tmp_path: Path) -> None:
-    proc = await start("--host", "0.0.0.0", "--port", "0", "--data-dir", str(tmp_path))
-    async with asyncio.timeout(20):
-        _, err = await proc.communicate()
-    assert proc.returncode == 2
-    assert b"--insecure" in err
-
-
 async def test_flags_beat_environment(tmp_path: Path) -> None:
     proc = await start(
         "--port",

@@ -1,0 +1,146 @@
+"""Access control: may this principal use this resource this way (docs/AUTH.md)?
+
+Three questions, in this order, for every resource a request names:
+
+1. **Is it there for you?** A domain the principal is not granted (tenants), and
+   anything in it, is 404. So is a pipe (with its joins, messages and contents), a
+   private feed or a staged content that another principal created: other principals
+   cannot tell it from one that never existed (digest Q7).
+2. **Do your scopes allow the action?** ``read`` for GETs of domains and feeds,
+   ``publish`` to post to a feed (and to create or change one), ``subscribe`` for
+   pipes, joins and messages; ``admin`` allows everything. A missing scope is 403
+   with an ``insufficient_scope`` challenge naming the scope to ask for.
+3. **Is it yours to change?** A public feed may be changed or deleted only by its
+   creator or an admin for it (403 for anyone else, Q7).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from auth import Principal
+from feeds.engine import Engine
+from feeds.model import Domain, Feed, Join, PartRef, Pipe, Slot, StagedContent
+from restms import specs
+from restms.errors import BadRequest, Conflict, Forbidden, InsufficientScope, NotFound
+
+from .authn import AUTH, PRINCIPAL
+from .keys import CONFIG, ENGINE
+
+HIDDEN = "no such resource"
+READS = frozenset(("GET", "HEAD"))
+
+
+def _need(principal: Principal, action: str, domain: str, feed: str | None) -> None:
+    if not principal.grants.allows(action, domain, feed):
+        where = f"feed {feed!r}" if feed is not None else f"domain {domain!r}"
+        raise InsufficientScope(
+            f"this needs the restms:{action} scope for {where}", f"restms:{action}"
+        )
+
+
+def _sees(request: web.Request, principal: Principal, domain: Domain) -> None:
+    if not request.app[AUTH].tenants.sees(principal, domain.name):
+        raise NotFound(f"no domain named {domain.name!r}")
+
+
+def _feed_visible(request: web.Request, principal: Principal, feed: Feed) -> None:
+    """404 unless the principal may know the feed exists."""
+    engine = request.app[ENGINE]
+    if feed is engine.default_feed:
+        return  # F14: the default feed is in every domain; its joins decide delivery
+    if not feed.public and feed.owner != principal.name:
+        raise NotFound(HIDDEN)
+    if not request.app[AUTH].tenants.sees(principal, feed.domain.name):
+        raise NotFound(f"no feed named {feed.key!r}") if feed.public else NotFound(HIDDEN)
+
+
+def _pipe_visible(principal: Principal, pipe: Pipe) -> None:
+    if pipe.owner != principal.name:
+        raise NotFound(HIDDEN)
+
+
+def hidden(request: web.Request, target: object) -> bool:
+    """True when ``target`` must look absent to this request's principal (step 1)."""
+    try:
+        _visible(request, request[PRINCIPAL], target)
+    except NotFound:
+        return True
+    return False
+
+
+def _visible(request: web.Request, principal: Principal, target: object) -> None:
+    if isinstance(target, Domain):
+        _sees(request, principal, target)
+    elif isinstance(target, Feed):
+        _feed_visible(request, principal, target)
+    elif isinstance(target, Pipe):
+        _pipe_visible(principal, target)
+    elif isinstance(target, Join | Slot | PartRef):
+        _pipe_visible(principal, target.pipe)
+    elif isinstance(target, StagedContent) and target.owner != principal.name:
+        raise NotFound(HIDDEN)
+
+
+def check(request: web.Request, target: object) -> None:
+    """Steps 1-3 for ``request.method`` on ``target``; raises 404 or 403."""
+    principal = request[PRINCIPAL]
+    _visible(request, principal, target)
+    method = request.method
+    if isinstance(target, Domain):
+        if method in READS:
+            _need(principal, "read", target.name, None)
+        # POST: what it creates decides (see :func:`may_create`)
+    elif isinstance(target, Feed):
+        domain = target.domain.name
+        if method in READS:
+            _need(principal, "read", domain, target.name)
+        elif method == "POST":
+            _need(principal, "publish", domain, target.name)
+        elif method in ("PUT", "DELETE"):
+            _need(principal, "publish", domain, target.name)
+            if target.owner != principal.name and not principal.grants.allows(
+                "admin", domain, target.name
+            ):
+                raise Forbidden("only the feed's creator or an admin may change or delete it")
+    elif isinstance(target, Pipe | Join | Slot | PartRef):
+        pipe = target if isinstance(target, Pipe) else target.pipe
+        _need(principal, "subscribe", pipe.domain.name, None)
+    elif isinstance(target, StagedContent):
+        _need(principal, "publish", target.feed.domain.name, target.feed.name)
+
+
+def may_create(request: web.Request, domain: Domain, spec: specs.FeedSpec | specs.PipeSpec) -> None:
+    """A POST to a domain: ``publish`` for a feed, ``subscribe`` and the cap for a pipe."""
+    principal = request[PRINCIPAL]
+    engine: Engine = request.app[ENGINE]
+    if isinstance(spec, specs.PipeSpec):
+        _need(principal, "subscribe", domain.name, None)
+        cap = request.app[CONFIG].max_pipes_per_principal
+        if engine.owned_pipes(principal.name) >= cap:
+            raise Forbidden(f"pipe quota reached: {cap} pipes per principal; delete one first")
+        return
+    existing = engine.public_feeds.get(spec.name) if spec.name is not None else None
+    if existing is not None and (hidden(request, existing) or existing.domain is not domain):
+        # Q5: public names are unique across the server, so this much is unavoidable
+        raise Conflict(f"the feed name {spec.name!r} is taken in another domain")
+    _need(principal, "publish", domain.name, spec.name)
+
+
+def may_join(request: web.Request, pipe: Pipe, path: str) -> None:
+    """A join needs the feed to be visible and ``subscribe`` on it, within the join cap."""
+    principal = request[PRINCIPAL]
+    feed = request.app[ENGINE].feed_at(path)  # 400 when there is none (G14)
+    if hidden(request, feed):
+        raise BadRequest(f"join names no existing feed: {path}")  # as if there were none
+    domain = feed.domain.name if feed is not request.app[ENGINE].default_feed else pipe.domain.name
+    _need(principal, "subscribe", domain, feed.name)
+    cap = request.app[CONFIG].max_joins_per_principal
+    if request.app[ENGINE].owned_joins(principal.name) >= cap:
+        raise Forbidden(f"join quota reached: {cap} joins per principal; delete one first")
+
+
+def readable(request: web.Request, domain: Domain, feed: Feed) -> bool:
+    """Whether the listing of ``domain`` shows this public feed to the principal."""
+    principal = request[PRINCIPAL]
+    return principal.grants.allows("read", domain.name, feed.name)

@@ -1,0 +1,310 @@
+"""Authentication: the middleware that gives every request its principal (docs/AUTH.md).
+
+Order of the checks, cheapest first: the token cache (a dict lookup for a token seen
+before), then the full token check (signature, claims, keys fetched from a JWKS URL
+or an RFC 7662 introspection call), then HTTP Basic (scrypt, in a thread, its result
+remembered for a while), then the anonymous loopback guest. Then the principal's
+rate limit. Failures are 401 with ``WWW-Authenticate`` challenges (RFC 6750 3.1);
+failed password checks are also rate limited per peer address, so a password guesser
+cannot keep the scrypt threads busy.
+
+The policy itself (who may do what) lives in :mod:`auth`; this module reads the
+request, calls it, and turns its answers into replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from joserfc.jwk import ECKey
+
+from auth import Guests, Principal, Tenants, User, grants
+from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret, verify_secret
+from auth.issuer import KEY_FILE, Issuer, SigningKey
+from auth.limits import RateLimiter, Slots
+from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
+from restms.errors import TooManyRequests, Unauthorized
+
+from . import oauth
+from .config import Config
+from .keys import CONFIG
+
+log = logging.getLogger(__name__)
+
+REALM = "restms"
+BASIC_REALM = "RestMS::"  # the realm older RestMS clients answer (L31)
+LOGIN_MEMORY = 300.0  # seconds a checked Basic password is remembered
+LOGINS_KEPT = 10_000
+FAILED_RATE, FAILED_BURST = 5.0, 20  # password checks per second per peer address
+FETCH_LIMIT = 1024 * 1024  # bytes of a JWKS or introspection answer at most
+FETCH_TIMEOUT = 5.0  # seconds for a JWKS or introspection call
+
+
+class Authenticator:
+    """Everything needed to turn a request's credentials into a :class:`Principal`."""
+
+    def __init__(self, config: Config) -> None:
+        self.guests = Guests(
+            anonymous=config.anonymous,
+            guest_user=config.guest_user,
+            scopes=config.guest_scopes.split(),
+            insecure=config.insecure,
+        )
+        self.users: dict[str, User] = {u.name: u for u in config.users}
+        self.tenants = Tenants(dict(config.domain_principals))
+        self.rate = config.rate_limit
+        self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
+        self.failures = RateLimiter(FAILED_RATE, FAILED_BURST)
+        self.waits = Slots(config.max_waits_per_principal)
+        self.verifier: Verifier | None = None  # set when the app starts (keys are read)
+        self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
+        self._logins: OrderedDict[tuple[str, bytes], Principal] = OrderedDict()
+        self._login_times: dict[tuple[str, bytes], float] = {}
+        self._dummy_hash = ""  # compared against when a user does not exist (same cost)
+        basic = self.users or config.guest_user
+        self.challenges = (f'Bearer realm="{REALM}"',) + (
+            (f'Basic realm="{BASIC_REALM}"',) if basic else ()
+        )
+
+    # ------------------------------------------------------------ the three ways in
+    async def principal(
+        self, header: str | None, peer: str | None, forwarded: bool = False
+    ) -> Principal:
+        if header is None:
+            principal = self.guests.anonymous_for(peer, forwarded)
+            if principal is None:
+                raise Unauthorized("authentication required", self.challenges)
+            return principal
+        scheme, _, credentials = header.strip().partition(" ")
+        scheme = scheme.lower()
+        if scheme == "bearer":
+            return await self.bearer(credentials.strip())
+        if scheme == "basic":
+            return await self.basic(credentials.strip(), peer, forwarded)
+        raise Unauthorized(
+            "unsupported authorization scheme: use Bearer (or Basic)", self.challenges
+        )
+
+    async def bearer(self, token: str) -> Principal:
+        verifier = self.verifier
+        if verifier is None:
+            raise Unauthorized("bearer tokens are not accepted here", self.challenges)
+        claims = verifier.cached(token)
+        if claims is None:
+            try:
+                claims = await verifier.verify(token)
+            except TokenError as exc:
+                challenge = _bearer_challenge(exc.error, exc.description)
+                raise Unauthorized(
+                    f"bearer token refused: {exc.description}", (challenge,)
+                ) from None
+        prefix = self.prefixes.get(claims.issuer)
+        if prefix is None:  # an introspected token without a known issuer
+            prefix = ""
+        return Principal(prefix + claims.subject, grants(claims.scopes), claims.expires, "bearer")
+
+    async def basic(self, credentials: str, peer: str | None, forwarded: bool) -> Principal:
+        try:
+            decoded = base64.b64decode(credentials, validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError):
+            raise Unauthorized("malformed Basic credentials", self.challenges) from None
+        name, colon, password = decoded.partition(":")
+        if not colon:
+            raise Unauthorized("malformed Basic credentials", self.challenges)
+        guest = self.guests.guest_login(name, password, peer, forwarded)
+        if guest is not None:
+            return guest
+        key = (name, hashlib.sha256(password.encode()).digest())
+        remembered = self._logins.get(key)
+        if remembered is not None and time.monotonic() < self._login_times[key]:
+            return remembered
+        wait = self.failures.take(peer or "")
+        if wait:
+            raise TooManyRequests("too many password checks from this address", math.ceil(wait))
+        user = self.users.get(name)
+        encoded = user.password_hash if user is not None else await self._dummy()
+        ok = await asyncio.to_thread(verify_secret, password, encoded)
+        if user is None or not ok:
+            raise Unauthorized("wrong user name or password", self.challenges)
+        principal = Principal(user.name, grants(user.scopes), None, "basic")
+        self._remember(key, principal)
+        return principal
+
+    async def _dummy(self) -> str:
+        if not self._dummy_hash:
+            self._dummy_hash = await asyncio.to_thread(hash_secret, "not a password")
+        return self._dummy_hash
+
+    def _remember(self, key: tuple[str, bytes], principal: Principal) -> None:
+        self._logins[key] = principal
+        self._login_times[key] = time.monotonic() + LOGIN_MEMORY
+        while len(self._logins) > LOGINS_KEPT:
+            old, _ = self._logins.popitem(last=False)
+            self._login_times.pop(old, None)
+
+    # ------------------------------------------------------------ limits
+    def take(self, principal: Principal) -> None:
+        """The principal's rate limit: 429 with Retry-After when its bucket is empty."""
+        wait = self.limiter.take(principal.name)
+        if wait:
+            raise TooManyRequests(
+                f"rate limit: more than {self.rate:g} requests per second",
+                max(1, math.ceil(wait)),
+            )
+
+
+def _bearer_challenge(error: str, description: str) -> str:
+    description = description.replace("\\", "").replace('"', "'")
+    return f'Bearer realm="{REALM}", error="{error}", error_description="{description}"'
+
+
+AUTH = web.AppKey("authenticator", Authenticator)
+PRINCIPAL = web.RequestKey("principal", Principal)
+FORWARDING = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+PUBLIC = frozenset(("/healthz", "/profile/x-gateway"))
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    if request.path in PUBLIC or request.path.startswith(("/oauth/", "/.well-known/")):
+        return await handler(request)
+    authenticator = request.app[AUTH]
+    headers = request.headers
+    forwarded = any(name in headers for name in FORWARDING)  # case-insensitive lookups
+    principal = await authenticator.principal(
+        headers.get("Authorization"), request.remote, forwarded
+    )
+    authenticator.take(principal)
+    request[PRINCIPAL] = principal
+    return await handler(request)
+
+
+# ---------------------------------------------------------------- start-up
+def issuer_url(config: Config) -> str:
+    if config.oauth_issuer:
+        return config.oauth_issuer.rstrip("/")
+    scheme = "https" if config.tls_cert else "http"
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return f"{scheme}://{host}:{config.port}"
+
+
+def oauth_dir(config: Config) -> Path:
+    return Path(config.data_dir) / "oauth"
+
+
+def _read_json(path: str) -> Mapping[str, Any]:
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    if not isinstance(data, dict) or not isinstance(data.get("keys"), list):
+        raise ValueError(f"{path} is not a JWKS document")
+    return data
+
+
+async def auth_context(app: web.Application) -> AsyncIterator[None]:
+    """Read keys and clients (in threads), start the HTTP client for JWKS and introspection."""
+    config = app[CONFIG]
+    authenticator = app[AUTH]
+    session = aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT),
+        headers={"User-Agent": "restms-gateway"},
+    )
+
+    async def fetch(url: str) -> bytes:
+        async with session.get(url, allow_redirects=False) as reply:
+            if reply.status != 200:
+                raise OSError(f"{url} answered {reply.status}")
+            body = await reply.content.read(FETCH_LIMIT + 1)
+        if len(body) > FETCH_LIMIT:
+            raise OSError(f"{url} answered more than {FETCH_LIMIT} bytes")
+        return body
+
+    async def post(url: str, form: Mapping[str, str], basic: tuple[str, str]) -> tuple[int, bytes]:
+        auth = aiohttp.BasicAuth(*basic)
+        async with session.post(url, data=dict(form), auth=auth, allow_redirects=False) as reply:
+            body = await reply.content.read(FETCH_LIMIT + 1)
+            return reply.status, body[:FETCH_LIMIT]
+
+    trusted: list[TrustedIssuer] = []
+    if config.builtin_issuer:
+        directory = oauth_dir(config)
+        if config.store == "memory":  # nothing on disk: tokens end with the process
+            key = SigningKey(await asyncio.to_thread(ECKey.generate_key, "P-256", private=True))
+        else:
+            key = await asyncio.to_thread(SigningKey.load_or_create, directory / KEY_FILE.name)
+        configured = [
+            Client(client_id=c.client_id, secret_hash=c.secret_hash, scopes=c.scopes)
+            for c in config.clients
+        ]
+        clients = ClientStore(directory / CLIENTS_FILE.name, configured)
+        issuer = Issuer(issuer_url(config), config.audience, key, config.token_ttl)
+        app[oauth.ISSUER] = issuer
+        app[oauth.CLIENTS] = clients
+        trusted.append(
+            TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
+        )
+        authenticator.prefixes[issuer.issuer] = ""
+    for entry in config.issuers:
+        keys = await asyncio.to_thread(_read_json, entry.jwks_file) if entry.jwks_file else None
+        trusted.append(
+            TrustedIssuer(
+                issuer=entry.issuer,
+                audience=entry.audience or config.audience,
+                jwks_url=entry.jwks_url or None,
+                keys=keys,
+                algorithms=entry.algorithms,
+            )
+        )
+        authenticator.prefixes[entry.issuer] = entry.principal_prefix
+    jwt = (
+        JwtVerifier(
+            trusted, fetch, leeway=config.token_leeway, refresh_interval=config.jwks_refresh
+        )
+        if trusted
+        else None
+    )
+    introspector = (
+        Introspector(
+            config.introspection_url,
+            config.introspection_client_id,
+            config.introspection_client_secret,
+            post,
+        )
+        if config.introspection_url
+        else None
+    )
+    if jwt is not None or introspector is not None:
+        authenticator.verifier = Verifier(jwt, introspector, cache_size=config.token_cache)
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+@contextlib.contextmanager
+def waiting(request: web.Request) -> Any:
+    """Hold one of the principal's concurrent-wait slots (429 when it has none left)."""
+    slots = request.app[AUTH].waits
+    name = request[PRINCIPAL].name
+    if not slots.acquire(name):
+        raise TooManyRequests(
+            f"more than {slots.limit} waiting requests or streams open at once", 1
+        )
+    try:
+        yield
+    finally:
+        slots.release(name)
