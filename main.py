@@ -1,4 +1,9 @@
-"""Command line: ``python main.py serve [--host H] [--port P] [--data-dir D] [--config F]``."""
+"""Command line.
+
+``python main.py serve [--host H] [--port P] [--data-dir D] [--config F]`` runs the gateway;
+``client add|list|remove`` manages the built-in OAuth server's clients;
+``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
         "--insecure",
         action="store_true",
         default=None,
-        help="allow listening on a non-loopback address without OAuth",
+        help="honour anonymous and guest/guest requests from any address (unsafe)",
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     client = verbs.add_parser("client", help="manage the built-in OAuth server's clients")
@@ -35,7 +40,32 @@ def _parser() -> argparse.ArgumentParser:
     for action in client_verbs.choices.values():
         action.add_argument("--data-dir", help="data directory (default ./var)")
         action.add_argument("--config", help="TOML configuration file")
+    user = verbs.add_parser("user", help="HTTP Basic users (for older RestMS clients)")
+    user_verbs = user.add_subparsers(dest="action", required=True)
+    user_verbs.add_parser(
+        "hash", help="read a password (prompt, or stdin) and print its hash for [[users]]"
+    )
     return parser
+
+
+def _user_hash() -> int:
+    """``user hash``: the password from a prompt (or one line of stdin), hashed with scrypt."""
+    import getpass
+
+    from auth.clients import hash_secret
+
+    if sys.stdin.isatty():
+        password = getpass.getpass("password: ")
+        if getpass.getpass("again: ") != password:
+            print("main.py: the two passwords differ", file=sys.stderr)
+            return 2
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    if not password:
+        print("main.py: an empty password is refused", file=sys.stderr)
+        return 2
+    print(hash_secret(password))
+    return 0
 
 
 def _client(args: argparse.Namespace) -> int:
@@ -75,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "client":
         return _client(args)
+    if args.verb == "user":
+        return _user_hash()
     overrides = {
         "host": args.host,
         "port": args.port,

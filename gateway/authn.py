@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import time
+import urllib.parse
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -73,6 +74,8 @@ class Authenticator:
         self.waits = Slots(config.max_waits_per_principal)
         self.verifier: Verifier | None = None  # set when the app starts (keys are read)
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
+        endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
+        self.introspected = endpoint + "/"  # prefix for introspected tokens of unknown iss
         self._logins: OrderedDict[tuple[str, bytes], Principal] = OrderedDict()
         self._login_times: dict[tuple[str, bytes], float] = {}
         self._dummy_hash = ""  # compared against when a user does not exist (same cost)
@@ -114,8 +117,8 @@ class Authenticator:
                     f"bearer token refused: {exc.description}", (challenge,)
                 ) from None
         prefix = self.prefixes.get(claims.issuer)
-        if prefix is None:  # an introspected token without a known issuer
-            prefix = ""
+        if prefix is None:  # introspected, from no issuer we know: named after the endpoint
+            prefix = self.introspected
         return Principal(prefix + claims.subject, grants(claims.scopes), claims.expires, "bearer")
 
     async def basic(self, credentials: str, peer: str | None, forwarded: bool) -> Principal:
@@ -234,8 +237,12 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         return body
 
     async def post(url: str, form: Mapping[str, str], basic: tuple[str, str]) -> tuple[int, bytes]:
-        auth = aiohttp.BasicAuth(*basic)
-        async with session.post(url, data=dict(form), auth=auth, allow_redirects=False) as reply:
+        # RFC 6749 2.3.1: the id and secret are form-encoded before the Basic encoding.
+        user, password = (urllib.parse.quote(part, safe="") for part in basic)
+        headers = {"Authorization": aiohttp.encode_basic_auth(user, password)}
+        async with session.post(
+            url, data=dict(form), headers=headers, allow_redirects=False
+        ) as reply:
             body = await reply.content.read(FETCH_LIMIT + 1)
             return reply.status, body[:FETCH_LIMIT]
 

@@ -485,3 +485,50 @@ async def test_a_request_relayed_by_a_local_proxy_is_not_a_guest(make_gateway: M
         status, _, headers = await As(gw, {header: "for=192.0.2.60"}).call("GET", DOMAIN)
         assert status == 401, header
         assert "Bearer" in challenge(headers)
+
+
+async def test_opaque_tokens_are_introspected_and_remembered(make_gateway: MakeGateway) -> None:
+    calls: list[dict[str, str]] = []
+
+    async def introspect(request: web.Request) -> web.Response:
+        form = dict(await request.post())
+        calls.append({**form, "authorization": request.headers.get("Authorization", "")})
+        if form.get("token") == "opaque-good":
+            return web.json_response(
+                {
+                    "active": True,
+                    "sub": "svc",
+                    "scope": EVERYTHING,
+                    "exp": int(time.time()) + 300,
+                }
+            )
+        return web.json_response({"active": False})
+
+    idp = web.Application()
+    idp.router.add_post("/introspect", introspect)
+    runner = web.AppRunner(idp, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        gw = await make_gateway(
+            introspection_url=f"http://127.0.0.1:{port}/introspect",
+            introspection_client_id="gateway",
+            introspection_client_secret="s3cret",
+        )
+        good = As.bearer(gw, "opaque-good")
+        pipe = await good.pipe()
+        for _ in range(3):
+            status, _, _ = await good.call("GET", pipe)
+            assert status == 200
+        assert len(calls) == 1  # remembered until its exp
+        assert calls[0]["token"] == "opaque-good"
+        assert calls[0]["authorization"] == aiohttp.encode_basic_auth("gateway", "s3cret")
+        owners = {r.owner for r in gw.app[ENGINE]._private.values() if hasattr(r, "messages")}
+        assert owners == {f"127.0.0.1:{port}/svc"}  # named after the endpoint: no clash
+        status, _, headers = await As.bearer(gw, "opaque-revoked").call("GET", pipe)
+        assert status == 401
+        assert 'error="invalid_token"' in challenge(headers)
+    finally:
+        await runner.cleanup()
