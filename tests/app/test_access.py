@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,19 @@ async def gateway_with(
 
 async def as_client(gw: Gateway, secrets: dict[str, str], name: str) -> As:
     return As.bearer(gw, await token(gw, name, secrets[name]))
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """Run a stand-in identity provider on 127.0.0.1; yields its port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield runner.addresses[0][1]
+    finally:
+        await runner.cleanup()
 
 
 def challenge(headers: Any) -> str:
@@ -202,12 +217,7 @@ async def test_keys_from_an_external_jwks_url_rotate(make_gateway: MakeGateway) 
 
     idp = web.Application()
     idp.router.add_get("/jwks", jwks)
-    runner = web.AppRunner(idp, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(idp) as port:
         issuer = IssuerConfig(issuer="https://idp.test", jwks_url=f"http://127.0.0.1:{port}/jwks")
         gw = await make_gateway(issuers=(issuer,), jwks_refresh=0.0)
 
@@ -229,8 +239,6 @@ async def test_keys_from_an_external_jwks_url_rotate(make_gateway: MakeGateway) 
         # Principals of an external issuer are named after its host: no clash with ours.
         owners = {p.owner for p in gw.app[ENGINE]._private.values() if hasattr(p, "messages")}
         assert owners == {"idp.test/carol"}
-    finally:
-        await runner.cleanup()
 
 
 # ---------------------------------------------------------------- ownership
@@ -506,12 +514,7 @@ async def test_opaque_tokens_are_introspected_and_remembered(make_gateway: MakeG
 
     idp = web.Application()
     idp.router.add_post("/introspect", introspect)
-    runner = web.AppRunner(idp, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
+    async with serving(idp) as port:
         gw = await make_gateway(
             introspection_url=f"http://127.0.0.1:{port}/introspect",
             introspection_client_id="gateway",
@@ -530,5 +533,3 @@ async def test_opaque_tokens_are_introspected_and_remembered(make_gateway: MakeG
         status, _, headers = await As.bearer(gw, "opaque-revoked").call("GET", pipe)
         assert status == 401
         assert 'error="invalid_token"' in challenge(headers)
-    finally:
-        await runner.cleanup()
