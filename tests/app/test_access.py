@@ -24,7 +24,7 @@ from auth import User
 from auth.clients import hash_secret
 from gateway.config import IssuerConfig
 from gateway.keys import CONFIG, ENGINE
-from tests.app.oauth import DOMAIN, As, clients, token
+from tests.app.oauth import DOMAIN, JSON, As, clients, token
 from tests.conftest import Gateway, MakeGateway
 
 pytestmark = pytest.mark.app
@@ -483,6 +483,45 @@ async def test_a_wait_ends_when_its_token_expires(make_gateway: MakeGateway) -> 
         assert r.status == 200
         body = await r.text()
     assert "event: expired" in body
+    # So does a stream pipe's multipart reply, and an evented GET.
+    alice = As.bearer(gw, await token(gw, "alice", secrets["alice"]))
+    _, created = await alice.ok("POST", DOMAIN, {"pipe": [{"type": "stream"}]})
+    stream = created["Location"]
+    listed, _ = await alice.ok("GET", stream)
+    asynclet = listed["restms"]["pipe"][0]["message"][-1]["href"]
+    started = time.monotonic()
+    async with gw.http.get(
+        asynclet, headers={**alice.auth, "Accept": JSON}, timeout=aiohttp.ClientTimeout(total=10)
+    ) as r:
+        assert r.content_type == "multipart/mixed"
+        await r.read()  # the body ends: the stream closed when the token expired
+    assert time.monotonic() - started < 3.0
+    alice = As.bearer(gw, await token(gw, "alice", secrets["alice"]))
+    _, current = await alice.ok("GET", DOMAIN)
+    status, _, headers = await alice.call("GET", DOMAIN, **{"When-None-Match": current["ETag"]})
+    assert status == 401
+    assert 'error="invalid_token"' in challenge(headers)
+
+
+async def test_only_an_external_issuer_can_be_trusted(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    key = ECKey.generate_key("P-256", private=True)
+    jwks = {"keys": [{**key.as_dict(private=False), "kid": key.thumbprint()}]}
+    path = tmp_path / "jwks.json"
+    await asyncio.to_thread(path.write_text, json.dumps(jwks), encoding="utf-8")
+    issuer = IssuerConfig(issuer="https://idp.test", jwks_file=str(path), prefix="")
+    gw = await make_gateway(issuers=(issuer,), builtin_issuer=False, anonymous=False)
+    async with gw.http.post("/oauth/token", data={"grant_type": "client_credentials"}) as r:
+        assert r.status == 404  # no built-in server: no token endpoint
+    async with gw.http.get("/.well-known/jwks.json") as r:
+        assert r.status == 404
+    external = As.bearer(gw, _forge(key, _claims(iss="https://idp.test", sub="dave")))
+    pipe = await external.pipe()
+    assert gw.app[ENGINE].resolve(pipe.rsplit("/", 1)[1]).owner == "dave"  # prefix ""
+    ours = ECKey.generate_key("P-256", private=True)
+    status, _, _ = await As.bearer(gw, _forge(ours, _claims())).call("GET", DOMAIN)
+    assert status == 401  # a token in the built-in issuer's name means nothing here
 
 
 async def test_a_request_relayed_by_a_local_proxy_is_not_a_guest(make_gateway: MakeGateway) -> None:
