@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import yaml
 
+from auth.issuer import TOKEN_PATH
+from auth.scopes import ACTIONS, PREFIX
 from gateway.app import build_app
+from gateway.authn import PUBLIC
 from gateway.config import Config
+from gateway.oauth import PUBLIC_PATHS
 from gateway.resources import METHODS
 
 SPEC = Path(__file__).resolve().parents[2] / "openapi" / "openapi.yaml"
+VERBS = ("get", "put", "post", "delete", "head", "options", "patch", "trace")
 
 
-def _spec() -> dict:  # type: ignore[type-arg]
-    return yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+def _spec() -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load(SPEC.read_text(encoding="utf-8"))
+    return spec
 
 
 def _served_paths() -> set[str]:
@@ -48,3 +55,73 @@ def test_restms_resources_describe_every_method_the_table_answers() -> None:
         methods = {m.upper() for m in spec[path] if m in ("get", "put", "post", "delete", "head")}
         assert {"GET", "PUT", "POST", "DELETE", "HEAD"} <= methods, (path, methods)
     assert set(METHODS) == {"domain", "feed", "pipe", "join", "message", "content", "staged"}
+
+
+def _operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        (path, verb, item[verb])
+        for path, item in spec["paths"].items()
+        for verb in VERBS
+        if verb in item
+    ]
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for value in node.values() for r in _refs(value)]
+    if isinstance(node, list):
+        return [r for value in node for r in _refs(value)]
+    return []
+
+
+def test_every_reference_resolves() -> None:
+    spec = _spec()
+    for ref in _refs(spec):
+        assert ref.startswith("#/"), ref
+        node: Any = spec
+        for part in ref[2:].split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+            assert node is not None, f"dangling $ref {ref}"
+
+
+def test_every_restms_operation_documents_authentication_and_rate_limits() -> None:
+    spec = _spec()
+    for path, verb, operation in _operations(spec):
+        if not path.startswith("/restms/"):
+            continue
+        responses = operation["responses"]
+        for status, name in (("401", "Unauthorized"), ("429", "TooManyRequests")):
+            wanted = {"$ref": f"#/components/responses/{name}"}
+            assert responses.get(status) == wanted, (path, verb, status)
+    replies = spec["components"]["responses"]
+    assert "WWW-Authenticate" in replies["Unauthorized"]["headers"]
+    assert "WWW-Authenticate" in replies["Forbidden"]["headers"]
+    assert "Retry-After" in replies["TooManyRequests"]["headers"]
+
+
+def test_only_public_routes_waive_credentials() -> None:
+    spec = _spec()
+    public = PUBLIC | PUBLIC_PATHS
+    assert public <= set(spec["paths"])
+    for path, verb, operation in _operations(spec):
+        if path in public:
+            assert operation.get("security") == [], (path, verb)
+        else:
+            assert "security" not in operation, (path, verb)  # the top-level one applies
+
+
+def test_security_schemes_match_the_gateway() -> None:
+    spec = _spec()
+    schemes = spec["components"]["securitySchemes"]
+    assert schemes["bearerToken"]["type"] == "http"
+    assert schemes["bearerToken"]["scheme"] == "bearer"
+    assert schemes["basicAuth"]["type"] == "http"
+    assert schemes["basicAuth"]["scheme"] == "basic"
+    flow = schemes["oauth2"]["flows"]["clientCredentials"]
+    assert flow["tokenUrl"] == TOKEN_PATH
+    assert set(flow["scopes"]) == {PREFIX + action for action in ACTIONS}
+    # any scheme, or none at all (the loopback guest)
+    assert sorted(spec["security"], key=str) == sorted(
+        [{name: []} for name in schemes] + [{}], key=str
+    )
