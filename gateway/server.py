@@ -1,6 +1,10 @@
-"""Running the gateway: uvloop, one TCP site, graceful shutdown on SIGINT and SIGTERM.
+"""Running the gateway: uvloop, one TCP (or TLS) site, graceful shutdown on SIGINT and SIGTERM.
 
-The steps of the shutdown and what clients see are in :mod:`gateway.shutdown`.
+:func:`make_runner` and :func:`start_site` build the server the same way for
+production (:func:`serve`) and for the tests: connection caps, request-head limits
+and read deadlines (:mod:`gateway.connections`), keep-alive, and TLS when
+``tls_cert`` and ``tls_key`` are set. The steps of the shutdown and what clients see
+are in :mod:`gateway.shutdown`.
 """
 
 from __future__ import annotations
@@ -9,12 +13,14 @@ import asyncio
 import gc
 import logging
 import signal
+import ssl
 
 import uvloop
 from aiohttp import web
 
 from .app import build_app
-from .config import Config
+from .config import Config, ConfigError
+from .connections import ConnectionLimits, GatewayRunner
 from .keys import ENGINE
 from .shutdown import CANCEL_WAIT, IN_FLIGHT
 
@@ -28,14 +34,57 @@ log = logging.getLogger("gateway")
 GC_THRESHOLDS = (50_000, 20, 10)
 
 
-async def serve(config: Config) -> None:
-    app = build_app(config)
-    runner = web.AppRunner(
+def make_runner(app: web.Application, config: Config) -> GatewayRunner:
+    """The runner for ``app``: its connections under ``config``'s caps and limits."""
+    return GatewayRunner(
         app,
+        limits=ConnectionLimits.from_config(config),
+        handler_kwargs={
+            "access_log": log if config.access_log else None,
+            "keepalive_timeout": config.keepalive_timeout,
+            "max_line_size": config.max_line_size,
+            "max_field_size": config.max_field_size,
+            "max_headers": config.max_headers,
+        },
         handler_cancellation=True,  # a client that goes away ends its wait (A6)
-        access_log=log if config.access_log else None,
         shutdown_timeout=CANCEL_WAIT,  # our drain has already waited for the handlers
     )
+
+
+def tls_context(cert: str, key: str) -> ssl.SSLContext:
+    """A server context for the PEM ``cert`` chain and ``key``: TLS 1.2 at least.
+
+    Reads files: call it off the event loop. Raises :class:`ConfigError`.
+    """
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # Renegotiation buys a client nothing here and costs the server a handshake each.
+    context.options |= ssl.OP_NO_RENEGOTIATION
+    context.set_alpn_protocols(["http/1.1"])
+    try:
+        context.load_cert_chain(cert, key)
+    except OSError as exc:  # ssl.SSLError too: a bad PEM, a key that does not match
+        raise ConfigError(f"cannot load tls_cert {cert} with tls_key: {exc}") from exc
+    return context
+
+
+async def start_site(runner: web.AppRunner, config: Config, host: str, port: int) -> web.TCPSite:
+    """Listen on ``host:port`` (HTTPS when ``config`` has a certificate) for ``runner``.
+
+    Raises :class:`ConfigError` when the certificate cannot be loaded and
+    :class:`OSError` when the address cannot be listened on.
+    """
+    context = None
+    if config.tls_cert:
+        context = await asyncio.to_thread(tls_context, config.tls_cert, config.tls_key)
+    site = web.TCPSite(runner, host, port, ssl_context=context, backlog=4096)
+    await site.start()
+    return site
+
+
+async def serve(config: Config) -> None:
+    app = build_app(config)
+    runner = make_runner(app, config)
     in_flight = app[IN_FLIGHT]
     stop = asyncio.Event()
 
@@ -52,16 +101,19 @@ async def serve(config: Config) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
-    site = web.TCPSite(runner, config.host, config.port, backlog=4096)
     try:
-        await site.start()
+        site = await start_site(runner, config, config.host, config.port)
+    except ConfigError as exc:
+        await runner.cleanup()
+        raise SystemExit(str(exc)) from exc
     except OSError as exc:
         await runner.cleanup()
         raise SystemExit(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
+    scheme = "https" if config.tls_cert else "http"
     for address in runner.addresses:
         host, port = address[:2]
         shown = f"[{host}]" if ":" in host else host
-        log.info("listening on http://%s:%d/restms/domain/default", shown, port)
+        log.info("listening on %s://%s:%d/restms/domain/default", scheme, shown, port)
     await stop.wait()
     grace = config.shutdown_grace
     log.info("shutting down: %d requests in flight, %g s to finish", len(in_flight), grace)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,9 @@ from blockbuster import BlockBuster, blockbuster_ctx
 from feeds.engine import Engine
 from gateway.app import build_app
 from gateway.config import Config
+from gateway.connections import GatewayRunner
 from gateway.keys import ENGINE
+from gateway.server import make_runner, start_site
 
 
 @dataclasses.dataclass
@@ -25,7 +28,7 @@ class Gateway:
     url: str
     app: web.Application
     http: aiohttp.ClientSession
-    runner: web.AppRunner | None = None
+    runner: GatewayRunner | None = None
 
     async def stop(self) -> None:
         """Shut this gateway down as a clean exit does (its store is committed, closed)."""
@@ -54,22 +57,31 @@ def blockbuster() -> Iterator[BlockBuster]:
 
 @pytest.fixture
 async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterator[MakeGateway]:
-    """Start real gateways on 127.0.0.1 (random ports) with config overrides."""
+    """Start real gateways on 127.0.0.1 (random ports) with config overrides.
+
+    Built as production builds them (``gateway.server``). With ``tls_cert`` and
+    ``tls_key`` overrides the gateway serves HTTPS; ``client_ssl`` is then the context
+    its client session verifies the server with.
+    """
     started: list[Gateway] = []
 
-    async def start(**overrides: Any) -> Gateway:
+    async def start(*, client_ssl: ssl.SSLContext | None = None, **overrides: Any) -> Gateway:
         overrides.setdefault("data_dir", str(tmp_path / "var"))
         config = Config(port=0, **overrides)
         app = build_app(config)
-        runner = web.AppRunner(
-            app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
-        )
+        runner = make_runner(app, config)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
+        try:
+            await start_site(runner, config, "127.0.0.1", 0)
+        except BaseException:
+            await runner.cleanup()
+            raise
         host, port = runner.addresses[0][:2]
-        url = f"http://{host}:{port}"
-        session = aiohttp.ClientSession(base_url=url, timeout=aiohttp.ClientTimeout(total=30))
+        url = f"{'https' if config.tls_cert else 'http'}://{host}:{port}"
+        connector = aiohttp.TCPConnector(ssl=client_ssl) if client_ssl is not None else None
+        session = aiohttp.ClientSession(
+            base_url=url, timeout=aiohttp.ClientTimeout(total=30), connector=connector
+        )
         started.append(Gateway(url=url, app=app, http=session, runner=runner))
         return started[-1]
 

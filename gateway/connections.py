@@ -1,0 +1,313 @@
+"""Client connections: caps on how many are open, deadlines for reading a request.
+
+aiohttp bounds the *size* of a request head (``max_line_size``, ``max_field_size``,
+``max_headers``: a ``400`` and the connection closed) and closes a connection that
+sits idle for ``keepalive_timeout``. It has no deadline for *reading* a request: its
+keep-alive timer starts when the connection opens or a reply ends and is not pushed
+back by incoming bytes, so a client dribbling a head is held until
+``keepalive_timeout``, and one dribbling a body for as long as the handler waits.
+This module adds what is missing, per connection (:class:`Connection`):
+
+* **Caps.** A connection past ``max_connections`` in all, or past
+  ``max_connections_per_ip`` from one peer address, is answered with a fixed
+  ``503`` + ``Retry-After: 1`` + ``Connection: close`` and closed at once, before a
+  byte is read. The reply costs one write of a constant and holds nothing, and tells a
+  well-behaved client (a browser behind a busy NAT) to come back rather than showing
+  it a reset; a client that already sent its request may still see a reset, because
+  unread data makes the kernel answer the close with RST. It is counted in
+  ``connection_made`` and released in ``connection_lost``, which asyncio calls exactly
+  once for every connection it made; a TLS connection counts once its handshake is done.
+* **Head deadline.** The first byte of a request head, on a connection with no
+  request in hand, starts a ``header_timeout`` clock; the handler starting stops it.
+  When it runs out the client gets ``408`` and the connection is closed.
+* **Body deadline.** A request whose body has not fully arrived when its handler
+  starts gets ``body_timeout`` for the rest of it; the end of the body stops it. When
+  it runs out the connection is closed (the handler owns the reply, and is cancelled).
+* **Never timed:** writing a reply. A stream, an SSE response or a long-poll holds its
+  connection for as long as it lasts, whatever these deadlines are.
+
+Bytes that arrive while a request is in hand (a pipelined request behind it) start no
+clock; if they stop short of a whole head, aiohttp's keep-alive timer ends the wait.
+Each connection keeps one timer handle that is re-armed lazily (a deadline is a float
+store; the handle fires, finds a later deadline and sleeps again), so a keep-alive
+connection serving many requests does not create a timer per request.
+
+aiohttp surface this relies on, checked against aiohttp 3.14 (the test
+``test_aiohttp_surface_is_what_connections_expect`` fails when it changes):
+
+* ``web.AppRunner._make_server``, the hook by which a runner builds its
+  ``web.Server`` (the protocol factory its sites listen with);
+* ``web.Server(handler, request_factory=, handler_cancellation=, **handler_kwargs)``
+  and its ``request_handler``, ``request_factory`` and ``handler_cancellation``;
+* the request factory's arguments ``(message, payload, protocol, writer, task)``,
+  called once per request just before its handler starts;
+* ``web.RequestHandler(manager, loop=, **handler_kwargs)``, its asyncio protocol
+  methods, ``force_close()``, ``finish_response(request, resp, start_time)``,
+  awaited once per request when its handler has returned a reply, and
+  ``handle_error(request, status, exc, message)``, which builds the reply to a request
+  head its parser refused (``exc`` is then the parser's ``HttpProcessingError``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+from aiohttp import StreamReader, web
+from aiohttp.abc import AbstractStreamWriter
+from aiohttp.http import HttpProcessingError, RawRequestMessage
+
+from auth.limits import Slots
+
+from .config import Config
+
+log = logging.getLogger(__name__)
+
+AIOHTTP_CHECKED = "3.14"  # the aiohttp release series the surface above was read in
+
+HEAD = "request head"
+BODY = "request body"
+
+
+def _reply(status: str, text: str, *headers: str) -> bytes:
+    body = text.encode()
+    lines = (
+        f"HTTP/1.1 {status}",
+        "Content-Type: text/plain; charset=utf-8",
+        f"Content-Length: {len(body)}",
+        *headers,
+        "Connection: close",
+    )
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+BUSY = _reply("503 Service Unavailable", "too many open connections, retry\n", "Retry-After: 1")
+SLOW_HEAD = _reply("408 Request Timeout", "request head not received in time\n")
+
+
+class ConnectionLimits:
+    """The caps and deadlines, and the counts they are checked against."""
+
+    __slots__ = (
+        "_per_peer",
+        "body_timeout",
+        "header_timeout",
+        "max_connections",
+        "open",
+        "refused",
+        "too_slow",
+    )
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        max_connections_per_ip: int,
+        header_timeout: float,
+        body_timeout: float,
+    ) -> None:
+        self.max_connections = max_connections
+        self.header_timeout = header_timeout
+        self.body_timeout = body_timeout
+        self._per_peer = Slots(max_connections_per_ip)
+        self.open = 0  # connections admitted and not yet lost
+        self.refused = 0  # connections turned away at a cap
+        self.too_slow = 0  # connections closed at a head or body deadline
+
+    @classmethod
+    def from_config(cls, config: Config) -> ConnectionLimits:
+        return cls(
+            max_connections=config.max_connections,
+            max_connections_per_ip=config.max_connections_per_ip,
+            header_timeout=config.header_timeout,
+            body_timeout=config.body_timeout,
+        )
+
+    def from_peer(self, peer: str) -> int:
+        """How many open connections come from ``peer``."""
+        return self._per_peer.count(peer)
+
+    def admit(self, peer: str) -> bool:
+        if self.open >= self.max_connections or not self._per_peer.acquire(peer):
+            self.refused += 1
+            return False
+        self.open += 1
+        return True
+
+    def release(self, peer: str) -> None:
+        self._per_peer.release(peer)
+        self.open -= 1
+
+
+class Connection(web.RequestHandler):
+    """aiohttp's HTTP/1 protocol, under the caps and with the read deadlines."""
+
+    __slots__ = ("_deadline", "_event_loop", "_handling", "_limits", "_peer", "_reading", "_timer")
+
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        limits: ConnectionLimits,
+        loop: asyncio.AbstractEventLoop,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        self._limits = limits
+        self._event_loop = loop
+        self._peer: str | None = None  # set while admitted
+        self._handling = False  # a handler runs (from its start to its reply's end)
+        self._reading: str | None = None  # HEAD or BODY while a deadline runs
+        self._deadline = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peername = transport.get_extra_info("peername")
+        peer = str(peername[0]) if isinstance(peername, tuple) else ""
+        if not self._limits.admit(peer):
+            log.debug("%s: over the connection cap, refused", peer)
+            cast(asyncio.Transport, transport).write(BUSY)
+            transport.close()
+            return
+        self._peer = peer
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        peer = self._peer
+        if peer is None:  # refused: aiohttp never saw it
+            return
+        self._peer = None
+        self._limits.release(peer)
+        self._reading = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._reading is None and not self._handling and data:
+            if self._peer is None:
+                return
+            self._expect(HEAD, self._limits.header_timeout)
+        super().data_received(data)
+
+    def request_started(self, payload: StreamReader) -> None:
+        """The head is in and the handler starts: time the body, if it is still coming."""
+        self._handling = True
+        if payload.is_eof():
+            self._reading = None
+        else:
+            self._expect(BODY, self._limits.body_timeout)
+            payload.on_eof(self._body_received)
+
+    def _body_received(self) -> None:
+        if self._reading == BODY:
+            self._reading = None
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):
+            return super().handle_error(request, status, exc, message)
+        # A malformed or oversized request head is the client's doing. aiohttp logs each
+        # at ERROR with a traceback: anyone could fill the log. One debug line will do.
+        log.debug("%s: bad request head: %s", self._peer, exc.message)
+        reply = web.Response(status=status, text=f"{message or exc.message}\n")
+        reply.force_close()
+        return reply
+
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._handling = False
+
+    def _expect(self, what: str, timeout: float) -> None:
+        loop = self._event_loop
+        deadline = loop.time() + timeout
+        self._reading, self._deadline = what, deadline
+        timer = self._timer
+        if timer is None or timer.when() > deadline:
+            if timer is not None:
+                timer.cancel()
+            self._timer = loop.call_at(deadline, self._check)
+
+    def _check(self) -> None:
+        self._timer = None
+        if self._reading is None or self.transport is None:
+            return
+        if self._event_loop.time() < self._deadline:  # a later deadline was set since
+            self._timer = self._event_loop.call_at(self._deadline, self._check)
+            return
+        what, self._reading = self._reading, None
+        self._limits.too_slow += 1
+        log.debug("%s: %s not received in time, closing", self._peer, what)
+        if what == HEAD:
+            self.transport.write(SLOW_HEAD)
+        self.force_close()
+
+
+class _Server(web.Server):
+    """The app's low-level server, making :class:`Connection` protocols."""
+
+    def __init__(
+        self, made: web.Server, limits: ConnectionLimits, handler_kwargs: dict[str, Any]
+    ) -> None:
+        app_factory = made.request_factory
+
+        def request_factory(
+            message: RawRequestMessage,
+            payload: StreamReader,
+            protocol: web.RequestHandler,
+            writer: AbstractStreamWriter,
+            task: asyncio.Task[None],
+        ) -> web.BaseRequest:
+            cast(Connection, protocol).request_started(payload)
+            return app_factory(message, payload, protocol, writer, task)
+
+        self._event_loop = asyncio.get_running_loop()
+        super().__init__(
+            made.request_handler,
+            request_factory=request_factory,
+            handler_cancellation=made.handler_cancellation,
+            loop=self._event_loop,
+            **handler_kwargs,
+        )
+        self._limits = limits
+        self._handler_kwargs = handler_kwargs
+
+    def __call__(self) -> Connection:
+        return Connection(self, limits=self._limits, loop=self._event_loop, **self._handler_kwargs)
+
+
+class GatewayRunner(web.AppRunner):
+    """An ``AppRunner`` whose connections are :class:`Connection` under one set of limits.
+
+    ``handler_kwargs`` go to every connection's ``RequestHandler`` (keep-alive, head
+    size limits, access log); the other keywords are ``AppRunner``'s.
+    """
+
+    __slots__ = ("_handler_kwargs", "limits")
+
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        limits: ConnectionLimits,
+        handler_kwargs: dict[str, Any],
+        **runner_kwargs: Any,
+    ) -> None:
+        super().__init__(app, **runner_kwargs, **handler_kwargs)
+        self.limits = limits
+        self._handler_kwargs = handler_kwargs
+
+    async def _make_server(self) -> web.Server:
+        made = await super()._make_server()  # runs the app's startup, freezes it
+        return _Server(made, self.limits, self._handler_kwargs)
