@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from joserfc.jwk import ECKey
 
-from auth import Guests, Principal, Tenants, User, grants
+from auth import ACTIONS, Guests, Principal, Tenants, User, grants
 from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, Slots
@@ -258,7 +258,13 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
             for c in config.clients
         ]
         clients = ClientStore(directory / CLIENTS_FILE.name, configured)
-        issuer = Issuer(issuer_url(config), config.audience, key, config.token_ttl)
+        issuer = Issuer(
+            issuer_url(config),
+            config.audience,
+            key,
+            config.token_ttl,
+            scopes=[f"restms:{action}" for action in ACTIONS],
+        )
         app[oauth.ISSUER] = issuer
         app[oauth.CLIENTS] = clients
         trusted.append(
