@@ -6,6 +6,10 @@
 #
 # Start a gateway first (scripts/serve), then:   bash examples/walkthrough.sh
 # Another gateway:   RESTMS_URL=http://127.0.0.1:18181 bash examples/walkthrough.sh
+# With an access token (docs/AUTH.md), not as the loopback guest:
+#   RESTMS_TOKEN=<access_token> bash examples/walkthrough.sh
+# The feed walkthrough-news belongs to the principal that made it first; a run as
+# another principal gets 403 when it tries to delete it (step 6).
 # Needs bash, curl, grep, sed and python3 (for the JSON step). Safe to run again.
 set -euo pipefail
 
@@ -15,6 +19,11 @@ XML=application/restms+xml
 JSON=application/restms+json
 NS=http://www.restms.org/schema/restms
 FEED_NAME=walkthrough-news
+
+AUTH=()
+if [ -n "${RESTMS_TOKEN:-}" ]; then
+  AUTH=(-H "Authorization: Bearer $RESTMS_TOKEN")
+fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -32,7 +41,8 @@ call() {
   local expected=$1 method=$2 url=$3 status
   shift 3
   status=$(curl -sS --max-time 30 -X "$method" -o "$tmp/body" -D "$tmp/headers" \
-    -w '%{http_code}' "$@" "$url") || fail "$method $url: no answer (is a gateway running at $BASE?)"
+    -w '%{http_code}' ${AUTH[@]+"${AUTH[@]}"} "$@" "$url") ||
+    fail "$method $url: no answer (is a gateway running at $BASE?)"
   printf '%s %s -> %s\n' "$method" "$url" "$status"
   if [ -s "$tmp/body" ]; then
     sed 's/^/    /' "$tmp/body"
@@ -61,6 +71,12 @@ expect() { grep -qF -- "$1" "$tmp/body" || fail "$2: '$1' not in the reply"; }
 need() { [ -n "$1" ] || fail "could not find $2 in the reply"; }
 
 # ---------------------------------------------------------------------------
+if [ ${#AUTH[@]} -gt 0 ]; then
+  echo "Every request carries RESTMS_TOKEN as a bearer token."
+else
+  echo "No RESTMS_TOKEN: the requests act as the loopback guest."
+fi
+
 step "1. Discover the default domain: profiles and public feeds"
 call 200 GET "$BASE/restms/domain/default" -H "Accept: $XML"
 expect 'name="3/Defaults"' "domain document"
