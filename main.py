@@ -79,6 +79,8 @@ def _client(args: argparse.Namespace) -> int:
         config = load(args.config, overrides={"data_dir": args.data_dir})
         store = ClientStore(Path(config.data_dir) / CLIENTS_FILE)
         if args.action == "add":
+            if args.name == "guest":
+                raise ValueError("'guest' is the loopback guest: choose another client id")
             secret = store.add(args.name, parse_scopes(args.scopes))
             print(f"client_id: {args.name}")
             print(f"client_secret: {secret}")

@@ -62,6 +62,12 @@ class User:
     password_hash: str = field(repr=False)
     scopes: tuple[str, ...]
 
+    def __post_init__(self) -> None:
+        if not NAME.fullmatch(self.name):
+            raise ValueError(f"user name {self.name!r} must be 1-200 of A-Z a-z 0-9 . _ @ : / + -")
+        if not self.password_hash.startswith("scrypt$"):
+            raise ValueError(f"user {self.name}: password_hash must come from main.py user hash")
+
 
 class Guests:
     """The loopback policy: anonymous requests and the ``guest``/``guest`` user."""

@@ -36,8 +36,13 @@ class Delivery(Core):
     """Publishing into pipes and feeds, and reading from pipes."""
 
     # ------------------------------------------------------------ publish
-    def publish(self, feed: Feed, messages: Sequence[MessageSpec]) -> list[int]:
+    def publish(
+        self, feed: Feed, messages: Sequence[MessageSpec], owner: str | None = None
+    ) -> list[int]:
         """Route messages in order; returns the join count for each (F18, F20).
+
+        With ``owner``, staged contents the messages link must be that principal's: any
+        other is treated as absent (Q7).
 
         A message whose ``message_id`` the feed routed within the dedup window is not
         routed again: its count is a :class:`Duplicate` of the first one's.
@@ -57,7 +62,7 @@ class Delivery(Core):
                 )
         elif self._rejecting:
             self._check_room(feed, messages, repeats)
-        parts = self._claim_contents(feed, messages, repeats)
+        parts = self._claim_contents(feed, messages, repeats, owner)
         now, mono = self._wall(), self._mono()
         counts: list[int] = []
         for index, (spec, part) in enumerate(zip(messages, parts, strict=True)):
@@ -152,7 +157,7 @@ class Delivery(Core):
         return total
 
     def _claim_contents(
-        self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]
+        self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int], owner: str | None
     ) -> list[list[Part | None]]:
         """M8-M10: check every reference first; only then use the staged contents up.
 
@@ -170,6 +175,8 @@ class Delivery(Core):
                     parts.append(content)
                     continue
                 staged = self._staged_at(content.path)
+                if staged is not None and owner is not None and staged.owner != owner:
+                    staged = None  # another principal's: not there for this one
                 if staged is None or staged.key in claimed:
                     raise NotFound(f"staged content {content.path} does not exist or was used")
                 if staged.feed is not feed:

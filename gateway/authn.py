@@ -4,9 +4,9 @@ Order of the checks, cheapest first: the token cache (a dict lookup for a token 
 before), then the full token check (signature, claims, keys fetched from a JWKS URL
 or an RFC 7662 introspection call), then HTTP Basic (scrypt, in a thread, its result
 remembered for a while), then the anonymous loopback guest. Then the principal's
-rate limit. Failures are 401 with ``WWW-Authenticate`` challenges (RFC 6750 3.1);
-failed password checks are also rate limited per peer address, so a password guesser
-cannot keep the scrypt threads busy.
+rate limit. Failures are 401 with ``WWW-Authenticate`` challenges (RFC 6750 3.1).
+Every secret checked with scrypt (a Basic login not remembered, a token request) is
+also rate limited per peer address, so a guesser cannot keep the scrypt threads busy.
 
 The policy itself (who may do what) lives in :mod:`auth`; this module reads the
 request, calls it, and turns its answers into replies.
@@ -34,7 +34,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from joserfc.jwk import ECKey
 
-from auth import ACTIONS, Guests, Principal, Tenants, User, grants
+from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
 from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, Slots
@@ -51,7 +51,7 @@ REALM = "restms"
 BASIC_REALM = "RestMS::"  # the realm older RestMS clients answer (L31)
 LOGIN_MEMORY = 300.0  # seconds a checked Basic password is remembered
 LOGINS_KEPT = 10_000
-FAILED_RATE, FAILED_BURST = 5.0, 20  # password checks per second per peer address
+FAILED_RATE, FAILED_BURST = 5.0, 20  # scrypt secret checks per second per peer address
 FETCH_LIMIT = 1024 * 1024  # bytes of a JWKS or introspection answer at most
 FETCH_TIMEOUT = 5.0  # seconds for a JWKS or introspection call
 
@@ -119,7 +119,10 @@ class Authenticator:
         prefix = self.prefixes.get(claims.issuer)
         if prefix is None:  # introspected, from no issuer we know: named after the endpoint
             prefix = self.introspected
-        return Principal(prefix + claims.subject, grants(claims.scopes), claims.expires, "bearer")
+        name = prefix + claims.subject
+        if name == GUEST:  # reserved for loopback guests: never reached through a token
+            raise Unauthorized("bearer token refused: its subject is reserved", self.challenges)
+        return Principal(name, grants(claims.scopes), claims.expires, "bearer")
 
     async def basic(self, credentials: str, peer: str | None, forwarded: bool) -> Principal:
         try:
@@ -136,9 +139,7 @@ class Authenticator:
         remembered = self._logins.get(key)
         if remembered is not None and time.monotonic() < self._login_times[key]:
             return remembered
-        wait = self.failures.take(peer or "")
-        if wait:
-            raise TooManyRequests("too many password checks from this address", math.ceil(wait))
+        self.check_rate(peer)
         user = self.users.get(name)
         encoded = user.password_hash if user is not None else await self._dummy()
         ok = await asyncio.to_thread(verify_secret, password, encoded)
@@ -161,6 +162,13 @@ class Authenticator:
             self._login_times.pop(old, None)
 
     # ------------------------------------------------------------ limits
+    def check_rate(self, peer: str | None) -> None:
+        """Secrets checked with scrypt (Basic logins not remembered, token requests) are
+        rate limited per peer address, so a guesser cannot keep the threads busy."""
+        wait = self.failures.take(peer or "")
+        if wait:
+            raise TooManyRequests("too many secret checks from this address", math.ceil(wait))
+
     def take(self, principal: Principal) -> None:
         """The principal's rate limit: 429 with Retry-After when its bucket is empty."""
         wait = self.limiter.take(principal.name)
@@ -185,6 +193,8 @@ PUBLIC = frozenset(("/healthz", "/profile/x-gateway"))
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path in PUBLIC or request.path.startswith(("/oauth/", "/.well-known/")):
+        if request.method == "POST":  # the token endpoint checks a secret with scrypt
+            request.app[AUTH].check_rate(request.remote)
         return await handler(request)
     authenticator = request.app[AUTH]
     headers = request.headers

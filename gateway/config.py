@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from auth import User
+from auth import GUEST, User
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -215,6 +215,19 @@ class Config:
         for key in caps:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1")
+        if self.token_ttl < 1:
+            raise ConfigError("token_ttl must be at least one second")
+        issuer = urllib.parse.urlsplit(self.oauth_issuer)
+        if self.oauth_issuer and (
+            issuer.scheme not in ("http", "https")
+            or not issuer.netloc
+            or issuer.query
+            or issuer.fragment
+        ):
+            raise ConfigError("oauth_issuer must be an http(s) URL without query or fragment")
+        taken = [u.name for u in self.users] + [c.client_id for c in self.clients]
+        if GUEST in taken:
+            raise ConfigError(f"{GUEST!r} is the loopback guest: name users and clients otherwise")
         if self.introspection_url and not self.introspection_client_id:
             raise ConfigError("introspection_url needs introspection_client_id")
 

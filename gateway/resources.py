@@ -128,7 +128,7 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
     config = request.app[CONFIG]
     messages = fastpath.messages(body, body_fmt, config.codec, config.limits)
-    counts = engine.publish(feed, messages)
+    counts = engine.publish(feed, messages, http.principal(request))
     try:
         await committed(request)
     except ServiceUnavailable:

@@ -18,6 +18,8 @@ import ssl
 import uvloop
 from aiohttp import web
 
+from auth import is_loopback
+
 from .app import build_app
 from .config import Config, ConfigError
 from .connections import ConnectionLimits, GatewayRunner
@@ -110,6 +112,12 @@ async def serve(config: Config) -> None:
         await runner.cleanup()
         raise SystemExit(f"cannot listen on {config.host}:{config.port}: {exc.strerror}") from exc
     scheme = "https" if config.tls_cert else "http"
+    if not config.tls_cert and not is_loopback(config.host):
+        log.warning(
+            "listening on %s without TLS: bearer tokens and passwords cross the network "
+            "in clear; set tls_cert and tls_key, or keep a TLS proxy in front",
+            config.host,
+        )
     for address in runner.addresses:
         host, port = address[:2]
         shown = f"[{host}]" if ":" in host else host

@@ -244,8 +244,7 @@ async def test_keys_from_an_external_jwks_url_rotate(make_gateway: MakeGateway) 
 # ---------------------------------------------------------------- ownership
 async def test_another_principals_resources_are_not_there(make_gateway: MakeGateway) -> None:
     gw, secrets = await gateway_with(make_gateway)
-    alice = await as_client(gw, secrets, "alice")
-    bob = await as_client(gw, secrets, "bob")
+    alice, bob = await as_client(gw, secrets, "alice"), await as_client(gw, secrets, "bob")
     await alice.feed("orders")
     private_feed = await alice.feed()
     pipe = await alice.pipe()
@@ -309,8 +308,7 @@ async def test_only_the_creator_or_an_admin_changes_a_public_feed(
     make_gateway: MakeGateway,
 ) -> None:
     gw, secrets = await gateway_with(make_gateway)
-    alice = await as_client(gw, secrets, "alice")
-    bob = await as_client(gw, secrets, "bob")
+    alice, bob = await as_client(gw, secrets, "alice"), await as_client(gw, secrets, "bob")
     root = await as_client(gw, secrets, "root")
     feed = await alice.feed("alice.news")
     status, text, _ = await bob.call("DELETE", feed)
@@ -572,3 +570,37 @@ async def test_opaque_tokens_are_introspected_and_remembered(make_gateway: MakeG
         status, _, headers = await As.bearer(gw, "opaque-revoked").call("GET", pipe)
         assert status == 401
         assert 'error="invalid_token"' in challenge(headers)
+
+
+async def test_another_principals_staged_content_cannot_be_linked(
+    make_gateway: MakeGateway,
+) -> None:
+    gw, secrets = await gateway_with(make_gateway)
+    alice, bob = await as_client(gw, secrets, "alice"), await as_client(gw, secrets, "bob")
+    await alice.feed("shared")
+    staged = await _stage(alice, "/restms/feed/shared")
+    message = {"message": [{"content": [{"href": staged}]}]}
+    status, text, _ = await bob.call("POST", "/restms/feed/shared", message)
+    assert status == 404, text  # as if it did not exist
+    assert "does not exist" in text
+    reply, _ = await alice.ok("POST", "/restms/feed/shared", message)  # still there for her
+    assert reply["restms"]["message"]
+
+
+async def test_token_requests_are_rate_limited_per_address(make_gateway: MakeGateway) -> None:
+    gw, _ = await gateway_with(make_gateway)
+    basic = base64.b64encode(b"alice:wrong").decode()
+
+    async def attempt() -> tuple[int, str]:
+        async with gw.http.post(
+            "/oauth/token",
+            data={"grant_type": "client_credentials"},
+            headers={"Authorization": f"Basic {basic}"},
+        ) as r:
+            return r.status, r.headers.get("Retry-After", "")
+
+    replies = await asyncio.gather(*(attempt() for _ in range(40)))  # a guesser's burst
+    statuses = [status for status, _ in replies]
+    assert statuses.count(401) >= 20  # the burst of 20 checks (and what refilled)
+    assert statuses.count(429) >= 10  # the rest refused without an scrypt check
+    assert all(int(after) >= 1 for status, after in replies if status == 429)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from auth import is_loopback
+from auth import User, is_loopback
 from gateway.config import Config, ConfigError, load
 
 
@@ -108,3 +108,57 @@ def test_is_loopback(host: str, expected: bool) -> None:
 def test_missing_config_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read config file"):
         load(str(tmp_path / "nope.toml"), env={})
+
+
+def test_auth_settings_are_checked() -> None:
+    with pytest.raises(ConfigError, match="token_ttl"):
+        Config(token_ttl=0.5)
+    with pytest.raises(ConfigError, match="oauth_issuer"):
+        Config(oauth_issuer="gw.example.com")
+    with pytest.raises(ConfigError, match="oauth_issuer"):
+        Config(oauth_issuer="https://gw.example.com/?x=1")
+    hashed = "scrypt$16384$8$1$AAAA$AAAA"
+    with pytest.raises(ConfigError, match="loopback guest"):
+        Config(users=(User(name="guest", password_hash=hashed, scopes=()),))
+    with pytest.raises(ValueError, match=r"main\.py user hash"):
+        User(name="legacy", password_hash="plain-text", scopes=())
+    with pytest.raises(ValueError, match="user name"):
+        User(name="has space", password_hash=hashed, scopes=())
+
+
+def test_auth_tables_load_from_toml(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        """
+[[domains]]
+name = "default"
+[[domains]]
+name = "acme"
+principals = ["alice", "svc-*"]
+
+[[issuers]]
+issuer = "https://idp.example"
+jwks_url = "https://idp.example/jwks"
+
+[[users]]
+name = "legacy"
+password_hash = "scrypt$16384$8$1$AAAA$AAAA"
+scopes = ["restms:read"]
+""",
+        encoding="utf-8",
+    )
+    config = load(str(path))
+    assert config.domain_principals == (("acme", ("alice", "svc-*")),)
+    assert config.issuers[0].principal_prefix == "idp.example/"
+    assert config.users[0].scopes == ("restms:read",)
+    path.write_text('[[issuers]]\nissuer = "https://idp.example"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match="jwks_url, jwks_file"):
+        load(str(path))
+
+
+def test_the_example_config_file_loads_with_its_documented_defaults() -> None:
+    config = load("deploy/gateway.example.toml")
+    defaults = Config()
+    for key in ("rate_limit", "token_ttl", "header_timeout", "max_connections", "anonymous"):
+        assert getattr(config, key) == getattr(defaults, key), key
+    assert ("eu", ("eu-*",)) in config.domain_principals
