@@ -1,11 +1,13 @@
 """Run every benchmark, print a summary table and write the raw results as JSON.
 
-    .venv/bin/python bench/run_all.py            # everything, default rounds
-    .venv/bin/python bench/run_all.py --quick    # a short smoke run of everything
+    bench/run                  # everything, default rounds (= .venv/bin/python -m bench.run_all)
+    bench/run --quick          # a short smoke run of everything
+    bench/run --only auth      # one section (here benchmark 8)
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
-generator on the same machine. Raw per-round results go to
+generator on the same machine; benchmark 8's baseline is the same gateway answering
+guest requests. Raw per-round results go to
 bench/results/results-<time>.json (and latest.json). All servers and clients are
 started here on 127.0.0.1 and stopped on every exit path.
 """
@@ -23,7 +25,7 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import asynclets, backlog, latency, throughput
+from bench import asynclets, auth, backlog, latency, throughput
 from bench.common import RESULTS, log, machine, median, start, stop_all
 
 # Benchmarks 1-3 measure the publish path: pipes may grow without bound and nothing
@@ -73,6 +75,11 @@ def section_asynclets(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_backlog(args: argparse.Namespace) -> dict[str, Any]:
     return backlog.run(args.backlog_rounds, args.backlog, args.backlog_pipes)
+
+
+def section_auth(args: argparse.Namespace) -> dict[str, Any]:
+    throughput.ensure_wrk()
+    return auth.run(GATEWAY_ENV, args.rounds, args.duration)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -140,6 +147,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                     "pass": (g is not None and g <= 2.0) if label == "p50" else None,
                 }
             )
+    rows.extend(_auth_rows(results.get("auth", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -178,6 +186,32 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "ratio": None,
                 "target": "(none)",
                 "pass": None,
+            }
+        )
+    return rows
+
+
+def _auth_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 8; its ratio is the median of per-round ratios, not a ratio of medians."""
+    if not data.get(auth.BASELINE):
+        return []
+    guest = _med(data[auth.BASELINE], "req_per_s")
+    rows: list[dict[str, Any]] = []
+    for variant, label, target in (
+        ("bearer", "bearer JWT, same token (cached)", f">= {auth.TARGET:.0%} of guest"),
+        ("basic", "Basic guest:guest", "(none)"),
+    ):
+        ratio = data.get(f"{variant}_ratio")
+        verdict = ratio is not None and ratio >= auth.TARGET if variant == "bearer" else None
+        rows.append(
+            {
+                "benchmark": f"8. single publish, {label} (baseline: guest, same gateway)",
+                "unit": "req/s",
+                "gateway": _med(data[variant], "req_per_s"),
+                "bare": guest,
+                "ratio": ratio,
+                "target": target,
+                "pass": verdict,
             }
         )
     return rows
@@ -265,6 +299,26 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def print_notes(results: dict[str, Any]) -> None:
+    authn = results.get("auth", {})
+    for variant in auth.VARIANTS if authn.get(auth.BASELINE) else ():
+        runs = authn[variant]
+        per_round = " ".join(f"{r['req_per_s']:,.0f}" for r in runs)
+        ratios = " ".join(f"{x:.3f}" for x in authn.get(f"{variant}_ratios", []))
+        cpu = authn.get(f"{variant}_cpu_ratio")
+        print(
+            f"  auth {variant:6s}: req/s per round {per_round}"
+            + (f"; ratios to guest {ratios}" if ratios else "")
+            + f"; server {_med(runs, 'server_cpu_us_per_req') or 0:.1f} CPU-us per request"
+            + (f" (req per CPU-s: {cpu:.3f} of guest)" if cpu else "")
+        )
+    if authn.get("in_process"):
+        cost = authn["in_process"]
+        print(
+            "  auth middleware alone, in process: "
+            + ", ".join(f"{v} {cost[f'{v}_us']:.2f} us" for v in auth.VARIANTS)
+            + " per request; a full JWT check (first use of a token) "
+            + f"{cost['jwt_verify_us']:.0f} us"
+        )
     tp = results.get("throughput", {})
     for case, data in tp.items():
         for kind in ("gateway", "bare"):
@@ -293,7 +347,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         nargs="*",
-        choices=["throughput", "latency", "asynclets", "backlog"],
+        choices=["throughput", "latency", "asynclets", "backlog", "auth"],
         default=None,
     )
     parser.add_argument("--quick", action="store_true", help="1 round, short runs")
@@ -318,6 +372,7 @@ def main() -> int:
         "latency": section_latency,
         "asynclets": section_asynclets,
         "backlog": section_backlog,
+        "auth": section_auth,
     }
     t0 = time.monotonic()
     try:
