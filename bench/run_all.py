@@ -25,7 +25,7 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import asynclets, auth, backlog, latency, throughput
+from bench import asynclets, auth_cost, backlog, latency, throughput
 from bench.common import RESULTS, log, machine, median, start, stop_all
 
 # Benchmarks 1-3 measure the publish path: pipes may grow without bound and nothing
@@ -79,7 +79,7 @@ def section_backlog(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_auth(args: argparse.Namespace) -> dict[str, Any]:
     throughput.ensure_wrk()
-    return auth.run(GATEWAY_ENV, args.rounds, args.duration)
+    return auth_cost.run(GATEWAY_ENV, args.rounds, args.duration)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -193,16 +193,16 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _auth_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Benchmark 8; its ratio is the median of per-round ratios, not a ratio of medians."""
-    if not data.get(auth.BASELINE):
+    if not data.get(auth_cost.BASELINE):
         return []
-    guest = _med(data[auth.BASELINE], "req_per_s")
+    guest = _med(data[auth_cost.BASELINE], "req_per_s")
     rows: list[dict[str, Any]] = []
     for variant, label, target in (
-        ("bearer", "bearer JWT, same token (cached)", f">= {auth.TARGET:.0%} of guest"),
+        ("bearer", "bearer JWT, same token (cached)", f">= {auth_cost.TARGET:.0%} of guest"),
         ("basic", "Basic guest:guest", "(none)"),
     ):
         ratio = data.get(f"{variant}_ratio")
-        verdict = ratio is not None and ratio >= auth.TARGET if variant == "bearer" else None
+        verdict = ratio is not None and ratio >= auth_cost.TARGET if variant == "bearer" else None
         rows.append(
             {
                 "benchmark": f"8. single publish, {label} (baseline: guest, same gateway)",
@@ -300,7 +300,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def print_notes(results: dict[str, Any]) -> None:
     authn = results.get("auth", {})
-    for variant in auth.VARIANTS if authn.get(auth.BASELINE) else ():
+    for variant in auth_cost.VARIANTS if authn.get(auth_cost.BASELINE) else ():
         runs = authn[variant]
         per_round = " ".join(f"{r['req_per_s']:,.0f}" for r in runs)
         ratios = " ".join(f"{x:.3f}" for x in authn.get(f"{variant}_ratios", []))
@@ -315,7 +315,7 @@ def print_notes(results: dict[str, Any]) -> None:
         cost = authn["in_process"]
         print(
             "  auth middleware alone, in process: "
-            + ", ".join(f"{v} {cost[f'{v}_us']:.2f} us" for v in auth.VARIANTS)
+            + ", ".join(f"{v} {cost[f'{v}_us']:.2f} us" for v in auth_cost.VARIANTS)
             + " per request; a full JWT check (first use of a token) "
             + f"{cost['jwt_verify_us']:.0f} us"
         )
