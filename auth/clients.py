@@ -94,7 +94,8 @@ def verify_secret(secret: str, encoded: str) -> bool:
 
 # Verified against when the client id is unknown, so that a miss costs what a wrong
 # secret costs and timing does not tell which ids exist. No secret matches it.
-_DUMMY_HASH = f"scrypt${_N}${_R}${_P}${_b64(bytes(_SALT_BYTES))}${_b64(bytes(_HASH_BYTES))}"
+# A well-formed hash no secret matches: checking against it costs what a real check does.
+DUMMY_HASH = f"scrypt${_N}${_R}${_P}${_b64(bytes(_SALT_BYTES))}${_b64(bytes(_HASH_BYTES))}"
 
 
 def check_client_id(client_id: str) -> str:
@@ -172,7 +173,7 @@ class ClientStore:
         scrypt verification too, as a wrong secret does."""
         client = self.get(client_id)
         if client is None:
-            verify_secret(secret, _DUMMY_HASH)
+            verify_secret(secret, DUMMY_HASH)
             return None
         return client if verify_secret(secret, client.secret_hash) else None
 

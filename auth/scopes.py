@@ -79,10 +79,9 @@ def parse(text: str) -> Scope | None:
 class Grants:
     """Everything a set of scopes allows, with the answers remembered."""
 
-    __slots__ = ("_memo", "scopes", "text")
+    __slots__ = ("_memo", "scopes")
 
     def __init__(self, scopes: tuple[str, ...]) -> None:
-        self.text = scopes
         parsed = (parse(s) for s in scopes)
         self.scopes: tuple[Scope, ...] = tuple(s for s in parsed if s is not None)
         self._memo: dict[tuple[str, str, str | None], bool] = {}

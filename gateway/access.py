@@ -63,13 +63,16 @@ def _pipe_visible(principal: Principal, pipe: Pipe) -> None:
 def hidden(request: web.Request, target: object) -> bool:
     """True when ``target`` must look absent to this request's principal (step 1)."""
     try:
-        _visible(request, request[PRINCIPAL], target)
+        visible(request, target)
     except NotFound:
         return True
     return False
 
 
-def _visible(request: web.Request, principal: Principal, target: object) -> None:
+def visible(request: web.Request, target: object) -> None:
+    """Step 1: 404, with the reply an absent resource of that kind gets, unless the
+    request's principal may know ``target`` exists."""
+    principal = request[PRINCIPAL]
     if isinstance(target, Domain):
         _sees(request, principal, target)
     elif isinstance(target, Feed):
@@ -83,9 +86,9 @@ def _visible(request: web.Request, principal: Principal, target: object) -> None
 
 
 def check(request: web.Request, target: object) -> None:
-    """Steps 1-3 for ``request.method`` on ``target``; raises 404 or 403."""
+    """Steps 2 and 3 for ``request.method`` on ``target`` (403), once :func:`visible`
+    has passed."""
     principal = request[PRINCIPAL]
-    _visible(request, principal, target)
     method = request.method
     if isinstance(target, Domain):
         if method in READS:

@@ -35,7 +35,7 @@ from aiohttp.typedefs import Handler
 from joserfc.jwk import ECKey
 
 from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
-from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret, verify_secret
+from auth.clients import CLIENTS_FILE, DUMMY_HASH, ClientStore, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, Slots
 from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
@@ -76,9 +76,8 @@ class Authenticator:
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
         endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
         self.introspected = endpoint + "/"  # prefix for introspected tokens of unknown iss
-        self._logins: OrderedDict[tuple[str, bytes], Principal] = OrderedDict()
-        self._login_times: dict[tuple[str, bytes], float] = {}
-        self._dummy_hash = ""  # compared against when a user does not exist (same cost)
+        # Checked Basic logins: (name, sha256 of password) -> (principal, until when)
+        self._logins: OrderedDict[tuple[str, bytes], tuple[Principal, float]] = OrderedDict()
         basic = self.users or config.guest_user
         self.challenges = (f'Bearer realm="{REALM}"',) + (
             (f'Basic realm="{BASIC_REALM}"',) if basic else ()
@@ -112,7 +111,7 @@ class Authenticator:
             try:
                 claims = await verifier.verify(token)
             except TokenError as exc:
-                challenge = _bearer_challenge(exc.error, exc.description)
+                challenge = bearer_challenge(exc.error, exc.description)
                 raise Unauthorized(
                     f"bearer token refused: {exc.description}", (challenge,)
                 ) from None
@@ -137,11 +136,11 @@ class Authenticator:
             return guest
         key = (name, hashlib.sha256(password.encode()).digest())
         remembered = self._logins.get(key)
-        if remembered is not None and time.monotonic() < self._login_times[key]:
-            return remembered
+        if remembered is not None and time.monotonic() < remembered[1]:
+            return remembered[0]
         self.check_rate(peer)
         user = self.users.get(name)
-        encoded = user.password_hash if user is not None else await self._dummy()
+        encoded = user.password_hash if user is not None else DUMMY_HASH
         ok = await asyncio.to_thread(verify_secret, password, encoded)
         if user is None or not ok:
             raise Unauthorized("wrong user name or password", self.challenges)
@@ -149,17 +148,10 @@ class Authenticator:
         self._remember(key, principal)
         return principal
 
-    async def _dummy(self) -> str:
-        if not self._dummy_hash:
-            self._dummy_hash = await asyncio.to_thread(hash_secret, "not a password")
-        return self._dummy_hash
-
     def _remember(self, key: tuple[str, bytes], principal: Principal) -> None:
-        self._logins[key] = principal
-        self._login_times[key] = time.monotonic() + LOGIN_MEMORY
+        self._logins[key] = (principal, time.monotonic() + LOGIN_MEMORY)
         while len(self._logins) > LOGINS_KEPT:
-            old, _ = self._logins.popitem(last=False)
-            self._login_times.pop(old, None)
+            self._logins.popitem(last=False)
 
     # ------------------------------------------------------------ limits
     def check_rate(self, peer: str | None) -> None:
@@ -179,7 +171,8 @@ class Authenticator:
             )
 
 
-def _bearer_challenge(error: str, description: str) -> str:
+def bearer_challenge(error: str, description: str) -> str:
+    """An RFC 6750 3 challenge naming what was wrong with the bearer token."""
     description = description.replace("\\", "").replace('"', "'")
     return f'Bearer realm="{REALM}", error="{error}", error_description="{description}"'
 
@@ -263,11 +256,7 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
             key = SigningKey(await asyncio.to_thread(ECKey.generate_key, "P-256", private=True))
         else:
             key = await asyncio.to_thread(SigningKey.load_or_create, directory / KEY_FILE.name)
-        configured = [
-            Client(client_id=c.client_id, secret_hash=c.secret_hash, scopes=c.scopes)
-            for c in config.clients
-        ]
-        clients = ClientStore(directory / CLIENTS_FILE.name, configured)
+        clients = ClientStore(directory / CLIENTS_FILE.name, config.clients)
         issuer = Issuer(
             issuer_url(config),
             config.audience,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from auth import GUEST, User
+from auth.clients import Client
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -54,15 +55,6 @@ class IssuerConfig:
             return self.prefix
         host = urllib.parse.urlsplit(self.issuer).netloc or self.issuer
         return host + "/"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientConfig:
-    """A client of the built-in authorization server, defined in the config file."""
-
-    client_id: str
-    secret_hash: str = field(repr=False)
-    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,7 +135,7 @@ class Config:
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
     domain_principals: tuple[tuple[str, tuple[str, ...]], ...] = ()
     issuers: tuple[IssuerConfig, ...] = ()  # [[issuers]]: external token issuers trusted
-    clients: tuple[ClientConfig, ...] = ()  # [[clients]]: built-in server clients
+    clients: tuple[Client, ...] = ()  # [[clients]]: built-in server clients
     users: tuple[User, ...] = ()  # [[users]]: HTTP Basic users
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
@@ -253,7 +245,7 @@ class Config:
         )
 
 
-_TABLES = {"issuers": IssuerConfig, "clients": ClientConfig, "users": User}
+_TABLES = {"issuers": IssuerConfig, "clients": Client, "users": User}
 _SCALARS = {
     f.name: f
     for f in dataclasses.fields(Config)

@@ -29,7 +29,7 @@ from restms.httpdates import etag, etag_list, http_date, parse_http_date
 from restms.media import Format, bare_type, body_format, looks_structured, negotiate
 from restms.uris import Base
 
-from .authn import PRINCIPAL, waiting
+from .authn import PRINCIPAL, bearer_challenge, waiting
 from .keys import CONFIG, ENGINE
 
 NO_CACHE = "no-cache"
@@ -64,7 +64,7 @@ def check_credentials(request: web.Request) -> None:
     if credential_life(request) <= 0:
         raise Unauthorized(
             "the access token expired during the wait; retry with a fresh one",
-            ('Bearer realm="restms", error="invalid_token", error_description="token expired"',),
+            (bearer_challenge("invalid_token", "token expired"),),
         )
 
 

@@ -441,12 +441,7 @@ async def handle(request: web.Request) -> web.StreamResponse:
     """Entry point for every ``/restms/{kind}/{name}`` route."""
     try:
         target = _lookup(request)
-        if access.hidden(request, target):  # another's, or another tenant's: not there
-            raise NotFound(
-                access.HIDDEN
-                if request.match_info.route.name == "resource"
-                else f"no {request.match_info.route.name} named {request.match_info['name']!r}"
-            )
+        access.visible(request, target)  # another's, or another tenant's: not there
     except NotFound:
         if request.method == "DELETE":
             return web.Response(status=200)  # R4, L10: DELETE is idempotent

@@ -8,22 +8,21 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from auth.clients import hash_secret
-from gateway.config import ClientConfig
+from auth.clients import Client, hash_secret
 from tests.conftest import Gateway
 
 JSON = "application/restms+json"
 DOMAIN = "/restms/domain/default"
 
 
-async def clients(**scopes: str) -> tuple[tuple[ClientConfig, ...], dict[str, str]]:
+async def clients(**scopes: str) -> tuple[tuple[Client, ...], dict[str, str]]:
     """Configured clients named as the keywords, with those scopes; and their secrets."""
     secrets = {name: f"secret-of-{name}" for name in scopes}
     hashes = await asyncio.gather(
         *(asyncio.to_thread(hash_secret, secrets[name]) for name in scopes)
     )
     configured = tuple(
-        ClientConfig(client_id=name, secret_hash=h, scopes=tuple(scopes[name].split()))
+        Client(client_id=name, secret_hash=h, scopes=tuple(scopes[name].split()))
         for name, h in zip(scopes, hashes, strict=True)
     )
     return configured, secrets
