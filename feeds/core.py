@@ -183,6 +183,12 @@ class Core:
         """How many pipes ``owner`` has (for its quota)."""
         return self._pipes_of[owner]
 
+    def pipes_of(self, owner: str) -> list[Pipe]:
+        """The pipes ``owner`` has (a scan: for start-up, never the hot path)."""
+        if not self._pipes_of[owner]:
+            return []
+        return [p for p in self._private.values() if isinstance(p, Pipe) and p.owner == owner]
+
     def owned_joins(self, owner: str) -> int:
         """How many joins ``owner``'s pipes have, default joins included."""
         return self._joins_of[owner]

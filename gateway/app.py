@@ -14,8 +14,9 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import oauth, resources
+from . import bridging, oauth, resources
 from .authn import AUTH, Authenticator, auth_context, authenticate
+from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
 from .durability import store_context
 from .idempotency import Replies
@@ -38,11 +39,13 @@ def build_app(config: Config) -> web.Application:
     app[AUTH] = Authenticator(config)
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
+    app[BRIDGES] = make_registry(app)
     for kind in ("domain", "feed", "resource"):
         app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
+    bridging.add_routes(app)
     if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
         app.router.add_post(TOKEN_PATH, oauth.token)
         app.router.add_get(JWKS_PATH, oauth.jwks)
@@ -51,6 +54,7 @@ def build_app(config: Config) -> web.Application:
     app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(store_context)
+    app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
     app.cleanup_ctx.append(_sweeper)
     return app
 

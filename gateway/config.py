@@ -20,6 +20,8 @@ from typing import Any
 
 from auth import GUEST, User
 from auth.clients import Client
+from bridges.config import BridgeConfig
+from bridges.config import parse as parse_bridge
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
 from restms.xmlcodec import CodecLimits
@@ -137,6 +139,7 @@ class Config:
     issuers: tuple[IssuerConfig, ...] = ()  # [[issuers]]: external token issuers trusted
     clients: tuple[Client, ...] = ()  # [[clients]]: built-in server clients
     users: tuple[User, ...] = ()  # [[users]]: HTTP Basic users
+    bridges: tuple[BridgeConfig, ...] = ()  # [[bridges]]: AMQP 1.0 bridges (docs/AMQP.md)
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
@@ -222,6 +225,9 @@ class Config:
             raise ConfigError(f"{GUEST!r} is the loopback guest: name users and clients otherwise")
         if self.introspection_url and not self.introspection_client_id:
             raise ConfigError("introspection_url needs introspection_client_id")
+        names = [b.name for b in self.bridges]
+        if len(set(names)) != len(names):
+            raise ConfigError("two [[bridges]] have the same name")
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -249,7 +255,7 @@ _TABLES = {"issuers": IssuerConfig, "clients": Client, "users": User}
 _SCALARS = {
     f.name: f
     for f in dataclasses.fields(Config)
-    if f.init and f.name not in ("domains", "feeds", *_TABLES, "domain_principals")
+    if f.init and f.name not in ("domains", "feeds", "bridges", *_TABLES, "domain_principals")
 }
 
 
@@ -306,6 +312,7 @@ def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     domains = table.pop("domains", None)
     feeds = table.pop("feeds", None)
+    bridges = table.pop("bridges", None)
     tables = {key: table.pop(key) for key in _TABLES if key in table}
     for key, value in table.items():
         if key not in _SCALARS:
@@ -337,4 +344,9 @@ def _from_toml(data: Mapping[str, Any], path: str) -> dict[str, Any]:
             values["feeds"] = tuple(FeedConfig(**f) for f in feeds)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{path}: bad [[feeds]] entry: {exc}") from exc
+    if bridges is not None:
+        try:
+            values["bridges"] = tuple(parse_bridge(b) for b in bridges)
+        except ValueError as exc:
+            raise ConfigError(f"{path}: bad [[bridges]] entry: {exc}") from exc
     return values

@@ -1,0 +1,156 @@
+"""What every bridge is: a small interface, a link state machine, counters and status.
+
+A bridge connects one gateway feed to something outside (an AMQP 1.0 broker, a
+ZeroMQ fabric). The gateway only ever sees :class:`Bridge`: it starts bridges when
+the app starts, stops them (in reverse order) when it stops, and shows their
+:meth:`Bridge.status` on the admin resource. Bridges reach the engine only through
+a :class:`Port`, which the gateway implements (nothing here imports ``gateway``).
+
+Link states (one table, STYLE 2)::
+
+    stopped ──start──> connecting ──opened──> up
+                          │  ^                 │
+                   failed │  │ timer    failed │
+                          v  │                 v
+                        retrying <─────────────┘
+    any state but stopped ──stop──> stopping ──> stopped
+
+``retrying`` waits a capped exponential backoff with jitter, then tries the next
+URL in the bridge's list (failover).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from feeds.engine import Engine
+from feeds.model import Pipe, Slot
+
+# state -> the states it may move to
+TRANSITIONS: dict[str, frozenset[str]] = {
+    "stopped": frozenset({"connecting"}),
+    "connecting": frozenset({"up", "retrying", "stopping"}),
+    "up": frozenset({"retrying", "stopping"}),
+    "retrying": frozenset({"connecting", "stopping"}),
+    "stopping": frozenset({"stopped"}),
+}
+STATES = tuple(TRANSITIONS)
+
+
+class LinkState:
+    """The current state of a bridge's link, moved only along :data:`TRANSITIONS`."""
+
+    __slots__ = ("changed", "name")
+
+    def __init__(self) -> None:
+        self.name = "stopped"
+        self.changed = time.time()
+
+    def move(self, new: str) -> bool:
+        """Move to ``new``; False (and no change) when it is the current state. An
+        illegal move is a bug in the bridge, so it raises."""
+        if new == self.name:
+            return False
+        if new not in TRANSITIONS[self.name]:
+            raise RuntimeError(f"bridge link cannot go from {self.name} to {new}")
+        self.name = new
+        self.changed = time.time()
+        return True
+
+
+def backoff(attempt: int, low: float, high: float) -> float:
+    """Capped exponential backoff with full jitter: a delay in [low/2, min(high, low*2^n)]."""
+    ceiling = min(high, low * (2 ** min(attempt, 30)))
+    return random.uniform(min(low / 2, ceiling), ceiling)  # noqa: S311 (jitter, not secrets)
+
+
+@dataclass(slots=True)
+class Counters:
+    """What a bridge has done since it started; shown in its status."""
+
+    connects: int = 0
+    disconnects: int = 0
+    # outbound (gateway -> far side)
+    sent: int = 0
+    accepted: int = 0
+    released: int = 0
+    modified: int = 0
+    rejected: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    unmappable: int = 0
+    # inbound (far side -> gateway)
+    received: int = 0
+    published: int = 0
+    unroutable: int = 0  # published but no join took it
+    duplicates: int = 0  # absorbed by the feed's message_id window
+    refused: int = 0  # could not become a gateway message: rejected at the far side
+    throttled: int = 0  # times the gateway held credit back because a pipe was full
+    given_back: int = 0  # released to the far side (shutdown, error, stale link)
+
+
+@dataclass(slots=True)
+class Health:
+    """The changing part of a bridge's status."""
+
+    state: LinkState = field(default_factory=LinkState)
+    url: str = ""  # the URL in use (redacted)
+    last_error: str = ""
+    last_error_at: float = 0.0
+    counters: Counters = field(default_factory=Counters)
+
+    def error(self, text: str) -> None:
+        self.last_error = text
+        self.last_error_at = time.time()
+
+    def document(self) -> dict[str, Any]:
+        return {
+            "state": self.state.name,
+            "since": round(self.state.changed, 3),
+            "url": self.url,
+            "last_error": self.last_error,
+            "last_error_at": round(self.last_error_at, 3) if self.last_error_at else None,
+            "counters": dataclasses.asdict(self.counters),
+        }
+
+
+class Port(Protocol):
+    """What a bridge may do with the gateway: the engine, and the few things that need
+    the gateway's store (committing changes, reading spilled messages back)."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+    async def commit(self) -> None:
+        """Wait until every change the engine made so far is on disk (raises
+        :class:`restms.errors.ServiceUnavailable` when the store fails)."""
+
+    async def ensure(self, pipe: Pipe) -> None:
+        """Read back messages of ``pipe`` that wait on disk, a page at a time."""
+
+    async def ack(self, slot: Slot) -> int:
+        """Acknowledge ``slot`` and every older message, on disk too (D4)."""
+
+
+class Bridge(Protocol):
+    """A running bridge, as the gateway sees it."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def configured(self) -> bool:
+        """Declared in the configuration file (cannot be deleted at run time)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+    def backlog(self) -> int:
+        """Messages waiting on the gateway side of the bridge."""
+
+    def status(self) -> dict[str, Any]: ...

@@ -1,0 +1,165 @@
+"""The gateway's bridges: those declared in the configuration file and those made at
+run time through the admin resource, which are kept in ``<data>/bridges.json`` (mode
+0600: broker passwords) so they come back after a restart.
+
+Bridges start in the order they were declared (configured ones first) and stop in
+reverse order. A bridge that cannot reach its broker or feed does not hold up the
+gateway: it keeps retrying and says why in its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from restms.errors import BadRequest, Conflict, Forbidden, NotFound
+
+from .amqp import AmqpBridge, owner_of
+from .base import Port
+from .config import BridgeConfig, parse
+
+log = logging.getLogger(__name__)
+
+
+class Registry:
+    """Every bridge of one gateway, by name."""
+
+    def __init__(
+        self,
+        port: Port,
+        configured: Sequence[BridgeConfig],
+        *,
+        state_file: Path | None,
+        max_body: int,
+    ) -> None:
+        self._port = port
+        self._configured = tuple(configured)
+        self._state_file = state_file
+        self._max_body = max_body
+        self._bridges: dict[str, AmqpBridge] = {}
+        self._lock = asyncio.Lock()
+        names = [c.name for c in self._configured]
+        if len(set(names)) != len(names):
+            raise ValueError("two [[bridges]] have the same name")
+
+    def __iter__(self) -> Any:
+        return iter(list(self._bridges.values()))
+
+    def get(self, name: str) -> AmqpBridge:
+        bridge = self._bridges.get(name)
+        if bridge is None:
+            raise NotFound(f"no bridge named {name!r}")
+        return bridge
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Start the configured bridges, then the ones kept from earlier runs."""
+        kept = await asyncio.to_thread(self._load) if self._state_file else []
+        for config in self._configured:
+            await self._start(config, configured=True)
+        for config in kept:
+            if config.name in self._bridges:
+                log.warning(
+                    "bridge %s is configured now; its run-time copy is dropped", config.name
+                )
+                continue
+            await self._start(config, configured=False)
+
+    async def stop(self) -> None:
+        for bridge in reversed(list(self._bridges.values())):
+            try:
+                await bridge.stop()
+            except Exception:  # one bridge's failure must not keep the others running
+                log.exception("bridge %s did not stop cleanly", bridge.name)
+        self._bridges.clear()
+
+    async def _start(self, config: BridgeConfig, *, configured: bool) -> AmqpBridge:
+        bridge = AmqpBridge(config, self._port, configured=configured, max_body=self._max_body)
+        self._bridges[config.name] = bridge
+        await bridge.start()
+        log.info(
+            "bridge %s started (%s %s, feed %s)",
+            config.name,
+            config.kind,
+            config.direction,
+            config.feed,
+        )
+        return bridge
+
+    # ------------------------------------------------------------ run-time changes
+    async def create(self, config: BridgeConfig) -> tuple[AmqpBridge, bool]:
+        """A new bridge (created True), or the same definition again (created False)."""
+        async with self._lock:
+            existing = self._bridges.get(config.name)
+            if existing is not None:
+                if existing.config == config:
+                    return existing, False
+                raise Conflict(f"a different bridge named {config.name!r} exists")
+            if config.feed not in self._port.engine.public_feeds:
+                raise BadRequest(f"no feed named {config.feed!r} to bridge")
+            bridge = await self._start(config, configured=False)
+            await self._save()
+            return bridge, True
+
+    async def delete(self, name: str, *, discard: bool) -> int:
+        """Stop and forget a run-time bridge; returns how many waiting messages went
+        with its pipe. Refused (409) while messages wait, unless ``discard``."""
+        async with self._lock:
+            bridge = self.get(name)
+            if bridge.configured:
+                raise Forbidden(f"bridge {name!r} is in the configuration file: remove it there")
+            waiting = bridge.backlog()
+            if waiting and not discard:
+                raise Conflict(
+                    f"bridge {name!r} has {waiting} messages waiting to be sent; "
+                    "delete with ?discard=true to drop them"
+                )
+            await bridge.stop()
+            del self._bridges[name]
+            engine = self._port.engine
+            for pipe in engine.pipes_of(owner_of(name)):
+                engine.delete_pipe(pipe)
+            await self._port.commit()
+            await self._save()
+            return waiting
+
+    # ------------------------------------------------------------ the state file
+    async def _save(self) -> None:
+        if self._state_file is None:
+            return
+        kept = [b.config.stored() for b in self._bridges.values() if not b.configured]
+        await asyncio.to_thread(self._write, kept)
+
+    def _write(self, kept: list[dict[str, Any]]) -> None:
+        assert self._state_file is not None
+        path = self._state_file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"bridges": kept}, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _load(self) -> list[BridgeConfig]:
+        assert self._state_file is not None
+        try:
+            data = json.loads(self._state_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.error("cannot read %s (%s): run-time bridges not restored", self._state_file, exc)
+            return []
+        kept = []
+        for entry in data.get("bridges", []) if isinstance(data, dict) else []:
+            try:
+                kept.append(parse(entry))
+            except ValueError as exc:
+                log.error("a stored bridge is not valid any more (%s): skipped", exc)
+        return kept

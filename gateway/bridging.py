@@ -1,0 +1,168 @@
+"""Bridges in the gateway: the port they reach the engine through, their lifecycle on
+the app's cleanup context, and the admin resource that manages them at run time.
+
+Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
+
+    GET    /admin/bridges               every bridge the caller administers, with status
+    POST   /admin/bridges               create one (201 + Location; 200 if identical)
+    GET    /admin/bridges/{name}        one bridge's status
+    DELETE /admin/bridges/{name}        stop and forget it (409 while messages wait,
+                                        unless ?discard=true; 403 for configured ones)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import orjson
+from aiohttp import web
+
+from auth import Principal
+from bridges.config import parse
+from bridges.registry import Registry
+from feeds.engine import Engine
+from feeds.model import Pipe, Slot
+from feeds.store import StoreError
+from restms.errors import (
+    BadRequest,
+    Forbidden,
+    InsufficientScope,
+    NotFound,
+    ServiceUnavailable,
+    UnsupportedMediaType,
+)
+
+from . import http, spill
+from .authn import PRINCIPAL
+from .keys import CONFIG, ENGINE, STORE
+
+BRIDGES_PATH = "/admin/bridges"
+
+
+class AppPort:
+    """What bridges may do with this gateway (:class:`bridges.base.Port`)."""
+
+    def __init__(self, app: web.Application) -> None:
+        self._app = app
+
+    @property
+    def engine(self) -> Engine:
+        return self._app[ENGINE]
+
+    async def commit(self) -> None:
+        store, engine = self._app.get(STORE), self._app[ENGINE]
+        if store is None or not engine.journal:
+            return
+        try:
+            await asyncio.shield(store.submit(engine.take_journal()))
+        except StoreError as exc:
+            raise ServiceUnavailable(f"{exc}; retry later", 5) from exc
+
+    async def ensure(self, pipe: Pipe) -> None:
+        await spill.ensure(self._app, pipe)
+
+    async def ack(self, slot: Slot) -> int:
+        return await spill.ack(self._app, slot)
+
+
+def make_registry(app: web.Application) -> Registry:
+    config = app[CONFIG]
+    state = Path(config.data_dir) / "bridges.json" if config.store == "sqlite" else None
+    return Registry(AppPort(app), config.bridges, state_file=state, max_body=config.max_body)
+
+
+BRIDGES = web.AppKey("bridges", Registry)
+
+
+async def bridges_context(app: web.Application) -> AsyncIterator[None]:
+    """Start every bridge once the store is restored; stop them before it closes."""
+    registry = app[BRIDGES]
+    await registry.start()
+    yield
+    await registry.stop()
+
+
+# ---------------------------------------------------------------- the admin resource
+def _may_admin(principal: Principal, engine: Engine, feed: str) -> bool:
+    found = engine.public_feeds.get(feed)
+    domain = found.domain.name if found is not None else engine.default_feed.domain.name
+    return principal.grants.allows("admin", domain, feed)
+
+
+def _need_admin(request: web.Request, feed: str, *, hide: bool = False) -> None:
+    principal = request[PRINCIPAL]
+    if _may_admin(principal, request.app[ENGINE], feed):
+        return
+    if hide and any(s.action == "admin" for s in principal.grants.scopes):
+        raise NotFound("no such bridge")  # an admin of other feeds does not see this one
+    raise InsufficientScope(
+        f"bridges need the restms:admin scope for feed {feed!r}", "restms:admin"
+    )
+
+
+def _json(data: object, status: int = 200, location: str | None = None) -> web.Response:
+    headers = {"Cache-Control": "no-store"}
+    if location:
+        headers["Location"] = location
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_INDENT_2),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+async def list_bridges(request: web.Request) -> web.Response:
+    principal = request[PRINCIPAL]
+    if not any(s.action == "admin" for s in principal.grants.scopes):
+        raise InsufficientScope("bridges need the restms:admin scope", "restms:admin")
+    engine = request.app[ENGINE]
+    shown = [
+        b.status() for b in request.app[BRIDGES] if _may_admin(principal, engine, b.config.feed)
+    ]
+    return _json({"bridges": shown})
+
+
+async def create_bridge(request: web.Request) -> web.Response:
+    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    if content_type != "application/json":
+        raise UnsupportedMediaType("a bridge definition is a JSON object (application/json)")
+    body = await http.read_body(request)
+    try:
+        entry = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the bridge definition is not valid JSON: {exc}") from exc
+    try:
+        config = parse(entry)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    _need_admin(request, config.feed)
+    bridge, created = await request.app[BRIDGES].create(config)
+    location = f"{request.url.origin()}{BRIDGES_PATH}/{bridge.name}"
+    return _json(bridge.status(), 201 if created else 200, location)
+
+
+async def get_bridge(request: web.Request) -> web.Response:
+    bridge = request.app[BRIDGES].get(request.match_info["name"])
+    _need_admin(request, bridge.config.feed, hide=True)
+    return _json(bridge.status())
+
+
+async def delete_bridge(request: web.Request) -> web.Response:
+    registry = request.app[BRIDGES]
+    bridge = registry.get(request.match_info["name"])
+    _need_admin(request, bridge.config.feed, hide=True)
+    discard = request.query.get("discard", "").lower() in ("1", "true", "yes")
+    if bridge.configured:
+        raise Forbidden(f"bridge {bridge.name!r} is in the configuration file: remove it there")
+    dropped = await registry.delete(bridge.name, discard=discard)
+    return _json({"deleted": bridge.name, "discarded": dropped})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(BRIDGES_PATH, list_bridges)
+    app.router.add_post(BRIDGES_PATH, create_bridge)
+    app.router.add_get(BRIDGES_PATH + "/{name}", get_bridge)
+    app.router.add_delete(BRIDGES_PATH + "/{name}", delete_bridge)
