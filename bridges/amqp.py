@@ -408,21 +408,27 @@ class AmqpBridge:
             feed = self._port.engine.public_feeds.get(self.config.feed)
             if feed is None:
                 self.health.error(f"no feed named {self.config.feed!r} to publish into")
-            elif not await self._room(feed, [spec for _, _, spec in batch]):
+                attempt += 1
+                await self._sleep(backoff(attempt, 0.05, 2.0))
+                continue
+            fits, full = self._fitting(feed, batch)
+            if not fits:
                 self.health.counters.throttled += 1
-                continue  # _room waited for a full pipe to change
-            else:
-                try:
-                    counts = self._publish(feed, batch)
-                    await self._port.commit()
-                except ServiceUnavailable as exc:
-                    self.health.error(f"the gateway cannot take messages now: {exc}")
-                else:
-                    self._count(counts)
-                    self._settle([(n, "accept", "") for _, n, _ in batch], len(batch))
-                    return
-            attempt += 1
-            await self._sleep(backoff(attempt, 0.05, 2.0))
+                await self._changed(full)
+                continue
+            part = batch[:fits]
+            try:
+                counts = self._publish(feed, part)
+                await self._port.commit()
+            except ServiceUnavailable as exc:
+                self.health.error(f"the gateway cannot take messages now: {exc}")
+                attempt += 1
+                await self._sleep(backoff(attempt, 0.05, 2.0))
+                continue
+            attempt = 0
+            self._count(counts)
+            self._settle([(n, "accept", "") for _, n, _ in part], len(part))
+            batch = batch[fits:]
         if batch:  # stopping: give them back
             self._settle([(n, "release", "") for _, n, _ in batch], 0)
 
@@ -463,20 +469,34 @@ class AmqpBridge:
                 if count == 0:
                     counters.unroutable += 1
 
-    async def _room(self, feed: Feed, specs: list[MessageSpec]) -> bool:
-        """With ``backpressure = "wait"``: True when every pipe these messages would
-        reach has room; else wait (bounded) for one of the full ones to change."""
+    def _fitting(
+        self, feed: Feed, batch: list[tuple[int, int, MessageSpec]]
+    ) -> tuple[int, dict[Pipe, int]]:
+        """With ``backpressure = "wait"``: how many leading messages of the batch every
+        pipe they reach can hold together (Q2 would skip a full pipe: a lost message),
+        and, when it is none, the full pipes to wait for."""
         if self.config.backpressure != "wait" or feed.type in ("rotator", "service"):
-            return True  # queueing feeds answer 503 themselves when their queue is full
-        full: dict[Pipe, int] = {}
-        for spec in specs:
+            return len(batch), {}  # queueing feeds answer 503 themselves when full
+        used: dict[Pipe, list[int]] = {}
+        for index, (_, _, spec) in enumerate(batch):
             size = sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
-            for join in matching(feed, spec):
-                pipe = join.pipe
-                if pipe.overflow == "skip" and pipe.full(size):
-                    full[pipe] = pipe.version
-        if not full:
-            return True
+            pipes = {join.pipe for join in matching(feed, spec)}
+            for pipe in pipes:
+                if pipe.overflow != "skip" or size > pipe.max_bytes:
+                    continue  # reject answers 503; drop-oldest and too big are policy
+                count, total = used.get(pipe, (0, 0))
+                if (
+                    len(pipe.messages) + pipe.spilled + count + 1 > pipe.max_messages
+                    or pipe.bytes + pipe.spilled_bytes + total + size > pipe.max_bytes
+                ):
+                    return index, ({} if index else {pipe: pipe.version})
+            for pipe in pipes:
+                count, total = used.get(pipe, (0, 0))
+                used[pipe] = [count + 1, total + size]
+        return len(batch), {}
+
+    async def _changed(self, full: dict[Pipe, int]) -> None:
+        """Wait (bounded) until one of the full pipes changes, or the bridge stops."""
         waits: list[asyncio.Future[Any]] = [
             asyncio.ensure_future(p.changed(IDLE, v)) for p, v in full.items()
         ]
@@ -484,7 +504,6 @@ class AmqpBridge:
         _, undone = await asyncio.wait(waits, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED)
         for waiter in undone:
             waiter.cancel()
-        return False
 
     def _settle(self, decisions: list[tuple[int, str, str]], credit: int) -> None:
         link = self._link

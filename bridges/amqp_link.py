@@ -22,6 +22,13 @@ with the message's gateway position. When the connection is lost, every unsettle
 transfer goes back to the front of ``pending`` and is sent again after reconnecting
 (at-least-once: the broker may see it twice).
 
+**Poison messages.** Some brokers end the whole session over one message (RabbitMQ
+does for a ``user-id`` that is not the connection's user). When a session or
+connection ends with an error condition from the broker, every transfer it left
+unsettled gets a strike and is sent again one at a time, so the next failure names
+its cause exactly; a message with ``STRIKES`` strikes is reported ``rejected`` with
+the broker's error (and goes to the dead-letter feed) instead of looping forever.
+
 **Receiving.** The receiver never prefetches on its own: it has exactly the credit
 the asyncio side granted and has not yet used (``allowance``). Arrivals are held
 unsettled until the asyncio side settles them; a new link after a reconnect gets the
@@ -41,6 +48,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -53,6 +61,9 @@ from .base import backoff
 from .config import AmqpBridgeConfig, redact
 
 log = logging.getLogger(__name__)
+
+HEALTHY = 10.0  # seconds a connection must last before the reconnect backoff resets
+STRIKES = 3  # broker errors a message may be in flight for before it counts as rejected
 
 # events sent to the asyncio side
 State = tuple[str, str, str, str]  # ("state", state, url, error)
@@ -114,10 +125,12 @@ class Link(MessagingHandler):
         self._url_index = -1
         self._attempt = 0
         self._up = False
+        self._opened_at = 0.0
         self._stopping = False
         self._senders: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._pending: collections.deque[tuple[int, str, Message]] = collections.deque()
         self._unsettled: dict[Any, tuple[int, str, Message]] = {}  # delivery -> what was sent
+        self._strikes: dict[int, int] = {}  # position -> broker errors it was in flight for
         self._receiver: Any = None
         self._held: dict[int, Any] = {}  # delivery number -> unsettled inbound delivery
         self._number = 0
@@ -234,23 +247,30 @@ class Link(MessagingHandler):
         if event.connection != self._conn:
             return
         self._up = True
-        self._attempt = 0
+        self._opened_at = time.monotonic()
         self._emit(("state", "up", redact(self.config.urls[self._url_index]), ""))
         if self._receiver is not None and self._allowance:
             self._receiver.flow(self._allowance)
         self._pump()
 
-    def _failed(self, error: str) -> None:
-        """The connection is lost or unusable: give back what is unsettled, retry later."""
+    def _failed(self, error: str, *, broker_error: bool = False) -> None:
+        """The connection is lost or unusable: give back what is unsettled, retry later.
+
+        ``broker_error``: the broker ended the session or connection with an error
+        condition, which may be the fault of a message in flight (a strike each)."""
         conn, self._conn = self._conn, None
+        if self._up and time.monotonic() - self._opened_at > HEALTHY:
+            self._attempt = 0  # it worked for a while: start the backoff afresh
         self._up = False
         self._receiver = None
         self._senders.clear()
         self._held.clear()  # the broker redelivers these to the next connection
         if self._unsettled:
             resend = sorted(self._unsettled.values(), key=lambda item: item[0])
-            self._pending.extendleft(reversed(resend))
             self._unsettled.clear()
+            if broker_error:
+                resend = self._strike(resend, error)
+            self._pending.extendleft(reversed(resend))
         if conn is not None and not conn.state & Endpoint.LOCAL_CLOSED:
             try:
                 conn.close()
@@ -263,6 +283,20 @@ class Link(MessagingHandler):
         self._emit(("state", "retrying", "", error))
         log.warning("bridge %s: %s; reconnecting in %.1f s", self.config.name, error, delay)
         self._container.schedule(delay, _Timer(self._connect))
+
+    def _strike(
+        self, resend: list[tuple[int, str, Message]], error: str
+    ) -> list[tuple[int, str, Message]]:
+        keep = []
+        for item in resend:
+            strikes = self._strikes.get(item[0], 0) + 1
+            if strikes >= STRIKES:
+                self._strikes.pop(item[0], None)
+                self._emit(("outcome", item[0], "rejected", error))
+            else:
+                self._strikes[item[0]] = strikes
+                keep.append(item)
+        return keep
 
     @staticmethod
     def _describe(condition: Any, what: str) -> str:
@@ -282,7 +316,8 @@ class Link(MessagingHandler):
     def on_connection_error(self, event: Any) -> None:
         if event.connection == self._conn:
             condition = event.connection.remote_condition
-            self._failed(self._describe(condition, "the broker closed the connection"))
+            error = self._describe(condition, "the broker closed the connection")
+            self._failed(error, broker_error=condition is not None)
 
     def on_connection_closing(self, event: Any) -> None:
         if event.connection == self._conn:
@@ -290,7 +325,8 @@ class Link(MessagingHandler):
 
     def on_session_error(self, event: Any) -> None:
         if event.connection == self._conn:
-            self._failed(self._describe(event.session.remote_condition, "session ended"))
+            condition = event.session.remote_condition
+            self._failed(self._describe(condition, "session ended"), broker_error=True)
 
     def on_link_error(self, event: Any) -> None:
         link = event.link
@@ -351,6 +387,8 @@ class Link(MessagingHandler):
         sent: list[int] = []
         while pending:
             seq, target, message = pending[0]
+            if self._strikes and (seq in self._strikes) and (self._unsettled or sent):
+                break  # a suspect goes alone, so a failure names it
             sender = self._sender(target)
             if sender.credit <= 0:
                 break
@@ -358,6 +396,8 @@ class Link(MessagingHandler):
             delivery = sender.send(message)
             self._unsettled[delivery] = (seq, target, message)
             sent.append(seq)
+            if seq in self._strikes:
+                break
         if sent:
             self._emit(("sent", len(sent)))
 
@@ -369,6 +409,8 @@ class Link(MessagingHandler):
         sent = self._unsettled.pop(delivery, None)
         if sent is None:
             return
+        if self._strikes:
+            self._strikes.pop(sent[0], None)
         error = ""
         if outcome == "rejected":
             error = self._describe(delivery.remote.condition, "rejected by the broker")

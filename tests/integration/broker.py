@@ -162,6 +162,12 @@ class Broker:
 
         self._run(run)
 
+    def declare_exchange(self, name: str, kind: str = "direct") -> None:
+        self._run(lambda ch: ch.exchange_declare(exchange=name, exchange_type=kind))
+
+    def delete_exchange(self, name: str) -> None:
+        self._run(lambda ch: ch.exchange_delete(exchange=name))
+
     def delete_queue(self, name: str) -> None:
         """Delete queue ``name`` (absent already is fine)."""
         self._run(lambda ch: ch.queue_delete(queue=name))
