@@ -20,6 +20,7 @@ import orjson
 from aiohttp import web
 
 from auth import Principal
+from bridges.amqp import AmqpBridge
 from bridges.config import parse
 from bridges.registry import Registry
 from feeds.engine import Engine
@@ -91,15 +92,11 @@ def _may_admin(principal: Principal, engine: Engine, feed: str) -> bool:
     return principal.grants.allows("admin", domain, feed)
 
 
-def _need_admin(request: web.Request, feed: str, *, hide: bool = False) -> None:
-    principal = request[PRINCIPAL]
-    if _may_admin(principal, request.app[ENGINE], feed):
-        return
-    if hide and any(s.action == "admin" for s in principal.grants.scopes):
-        raise NotFound("no such bridge")  # an admin of other feeds does not see this one
-    raise InsufficientScope(
-        f"bridges need the restms:admin scope for feed {feed!r}", "restms:admin"
-    )
+def _need_admin(request: web.Request, feed: str) -> None:
+    if not _may_admin(request[PRINCIPAL], request.app[ENGINE], feed):
+        raise InsufficientScope(
+            f"bridges need the restms:admin scope for feed {feed!r}", "restms:admin"
+        )
 
 
 def _json(data: object, status: int = 200, location: str | None = None) -> web.Response:
@@ -114,10 +111,17 @@ def _json(data: object, status: int = 200, location: str | None = None) -> web.R
     )
 
 
-async def list_bridges(request: web.Request) -> web.Response:
+def _need_some_admin(request: web.Request) -> Principal:
+    """403 before anything else for a principal that administers no feed at all, so
+    it can neither list bridges nor tell a bridge's name from one never made."""
     principal = request[PRINCIPAL]
     if not any(s.action == "admin" for s in principal.grants.scopes):
         raise InsufficientScope("bridges need the restms:admin scope", "restms:admin")
+    return principal
+
+
+async def list_bridges(request: web.Request) -> web.Response:
+    principal = _need_some_admin(request)
     engine = request.app[ENGINE]
     shown = [
         b.status() for b in request.app[BRIDGES] if _may_admin(principal, engine, b.config.feed)
@@ -126,6 +130,7 @@ async def list_bridges(request: web.Request) -> web.Response:
 
 
 async def create_bridge(request: web.Request) -> web.Response:
+    _need_some_admin(request)
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type != "application/json":
         raise UnsupportedMediaType("a bridge definition is a JSON object (application/json)")
@@ -144,16 +149,24 @@ async def create_bridge(request: web.Request) -> web.Response:
     return _json(bridge.status(), 201 if created else 200, location)
 
 
+def _visible_bridge(request: web.Request) -> AmqpBridge:
+    """The bridge the path names; to an admin of other feeds it is absent (the same 404
+    as for a name never used)."""
+    principal = _need_some_admin(request)
+    name = request.match_info["name"]
+    bridge = request.app[BRIDGES].get(name)
+    if not _may_admin(principal, request.app[ENGINE], bridge.config.feed):
+        raise NotFound(f"no bridge named {name!r}")
+    return bridge
+
+
 async def get_bridge(request: web.Request) -> web.Response:
-    bridge = request.app[BRIDGES].get(request.match_info["name"])
-    _need_admin(request, bridge.config.feed, hide=True)
-    return _json(bridge.status())
+    return _json(_visible_bridge(request).status())
 
 
 async def delete_bridge(request: web.Request) -> web.Response:
+    bridge = _visible_bridge(request)
     registry = request.app[BRIDGES]
-    bridge = registry.get(request.match_info["name"])
-    _need_admin(request, bridge.config.feed, hide=True)
     discard = request.query.get("discard", "").lower() in ("1", "true", "yes")
     if bridge.configured:
         raise Forbidden(f"bridge {bridge.name!r} is in the configuration file: remove it there")
