@@ -28,6 +28,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
         pass
     finally:
         writer.close()
+        with contextlib.suppress(ConnectionError, ssl.SSLError):
+            await writer.wait_closed()
 
 
 @contextlib.asynccontextmanager
@@ -35,14 +37,19 @@ async def tls_front(context: ssl.SSLContext) -> AsyncIterator[int]:
     """A TLS listener on 127.0.0.1 whose connections are forwarded to RabbitMQ."""
 
     open_writers: set[asyncio.StreamWriter] = set()
+    forwarding: set[asyncio.Task[object]] = set()
 
     async def forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            forwarding.add(task)
         open_writers.add(writer)
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", 5672)
             open_writers.add(up_writer)
         except OSError:
             writer.close()
+            await writer.wait_closed()
             return
         await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
 
@@ -52,8 +59,13 @@ async def tls_front(context: ssl.SSLContext) -> AsyncIterator[int]:
     finally:
         server.close()
         for writer in open_writers:
-            writer.close()
-        await server.wait_closed()
+            writer.transport.abort()
+        for task in forwarding:
+            task.cancel()
+        async with asyncio.timeout(10):
+            await asyncio.gather(*forwarding, return_exceptions=True)
+            await server.wait_closed()
+        await asyncio.sleep(0.05)  # let the aborted transports finish closing
 
 
 @pytest.fixture
