@@ -49,6 +49,7 @@ import logging
 import os
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -69,6 +70,20 @@ STRIKES = 3  # broker errors a message may be in flight for before it counts as 
 State = tuple[str, str, str, str]  # ("state", state, url, error)
 Outcome = tuple[int, str, str]  # (gateway position, outcome, error text)
 Arrival = tuple[int, int, Any]  # (generation, delivery number, MessageSpec)
+
+
+def _split_credentials(url: str) -> tuple[str, str, str]:
+    """The URL without user and password (proton logs the URL it connects to), and them."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url, "", ""
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = host + (f":{parts.port}" if parts.port else "")
+    bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    user = urllib.parse.unquote(parts.username or "")
+    return bare, user, urllib.parse.unquote(parts.password or "")
 
 
 class _Durable(LinkOption):
@@ -201,25 +216,28 @@ class Link(MessagingHandler):
         self._url_index = (self._url_index + 1) % len(config.urls)
         url = config.urls[self._url_index]
         self.generation += 1
-        options: dict[str, Any] = {
-            "reconnect": False,
-            "heartbeat": config.heartbeat or None,
-            "sasl_enabled": True,
-            "allow_insecure_mechs": True,
-        }
-        if config.user:
-            options["user"] = config.user
-            options["password"] = config.password
-        mechs = config.sasl or ("PLAIN" if (config.user or "@" in url) else "ANONYMOUS")
-        options["allowed_mechs"] = mechs
-        if url.startswith("amqps:"):
-            options["ssl_domain"] = self._ssl_domain()
-        self._emit(("state", "connecting", redact(url), ""))
+        shown = redact(url)
+        self._emit(("state", "connecting", shown, ""))
         try:
-            self._conn = self._container.connect(url=url, **options)
-        except Exception as exc:  # bad URL, TLS set-up: counts as a failed attempt
+            address, user, password = _split_credentials(url)
+            user = user or config.user
+            password = password or config.password
+            options: dict[str, Any] = {
+                "reconnect": False,
+                "heartbeat": config.heartbeat or None,
+                "sasl_enabled": True,
+                "allow_insecure_mechs": True,
+                "allowed_mechs": config.sasl or ("PLAIN" if user else "ANONYMOUS"),
+            }
+            if user:  # given apart from the URL, which proton writes to its log
+                options["user"] = user
+                options["password"] = password
+            if url.startswith("amqps:"):
+                options["ssl_domain"] = self._ssl_domain()
+            self._conn = self._container.connect(url=address, **options)
+        except Exception as exc:  # a bad URL, a TLS file that cannot be read: a failed try
             self._conn = None
-            self._failed(f"cannot connect to {redact(url)}: {exc}")
+            self._failed(f"cannot connect to {shown}: {type(exc).__name__}: {exc}")
             return
         generation = self.generation
         self._container.schedule(config.connect_timeout, _Timer(lambda: self._timeout(generation)))
@@ -311,7 +329,8 @@ class Link(MessagingHandler):
 
     def on_disconnected(self, event: Any) -> None:
         if event.connection == self._conn:
-            self._failed("disconnected")
+            condition = event.transport.condition if event.transport else None
+            self._failed(self._describe(condition, "disconnected"))
 
     def on_connection_error(self, event: Any) -> None:
         if event.connection == self._conn:

@@ -21,6 +21,7 @@ KINDS = frozenset({"amqp"})
 DIRECTIONS = frozenset({"out", "in"})
 SASL = frozenset({"", "PLAIN", "ANONYMOUS"})
 BACKPRESSURE = frozenset({"wait", "skip"})
+MAX_DELAY = 3600.0  # seconds: the longest delay, timeout or heartbeat a bridge may have
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,13 +79,18 @@ class AmqpBridgeConfig:
         if not self.urls:
             raise ValueError(f"{where}: urls must name at least one broker")
         for url in self.urls:
-            parts = urllib.parse.urlsplit(url)
+            try:
+                parts = urllib.parse.urlsplit(url)
+            except ValueError as exc:
+                raise ValueError(f"{where}: {redact(url)} is not a URL: {exc}") from exc
             if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
                 raise ValueError(f"{where}: {redact(url)} is not an amqp:// or amqps:// URL")
             try:
                 parts.port  # noqa: B018 (checks the port)
             except ValueError as exc:
                 raise ValueError(f"{where}: {redact(url)} has a bad port") from exc
+            if parts.query or parts.fragment:
+                raise ValueError(f"{where}: {redact(url)} must have no query or fragment")
         if not self.feed:
             raise ValueError(f"{where}: feed must name a gateway feed")
         if self.direction == "out":
@@ -110,8 +116,13 @@ class AmqpBridgeConfig:
             if getattr(self, key) < 0:
                 raise ValueError(f"{where}: {key} must not be negative")
         for key in ("retry_min", "retry_max", "reconnect_min", "reconnect_max", "connect_timeout"):
-            if getattr(self, key) <= 0:
-                raise ValueError(f"{where}: {key} must be positive")
+            if not 0 < getattr(self, key) <= MAX_DELAY:
+                raise ValueError(f"{where}: {key} must be above 0 and at most {MAX_DELAY:g} s")
+        if self.heartbeat > MAX_DELAY:
+            raise ValueError(f"{where}: heartbeat must be at most {MAX_DELAY:g} s")
+        for key in ("max_messages", "max_bytes", "max_message_size"):
+            if getattr(self, key) > 2**53:
+                raise ValueError(f"{where}: {key} is too large")
         if self.retry_min > self.retry_max or self.reconnect_min > self.reconnect_max:
             raise ValueError(f"{where}: a *_min delay is larger than its *_max")
 
@@ -190,13 +201,14 @@ def parse(entry: Mapping[str, Any]) -> BridgeConfig:
 
 
 def redact(url: str) -> str:
-    """The URL without its password (for logs, status and errors)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
+    """The URL without its password (for logs, status and errors), even when the URL
+    is malformed."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{path}"

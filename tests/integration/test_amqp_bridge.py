@@ -197,20 +197,26 @@ async def test_a_full_pipe_throttles_the_inbound_link(
     """Credit follows what the gateway absorbs: the broker queue grows, not the gateway."""
     total, room, window = 600, 50, 20
     await asyncio.to_thread(broker.declare_queue, queue_name)
-    payload = b"x" * 1024
-    for i in range(total):
-        props = pika.BasicProperties(message_id=f"b-{i}")
-        await asyncio.to_thread(broker.publish, "", queue_name, payload, props)
     gw = await gateway(make_gateway, inbound("in", f"/queue/{queue_name}", window=window))
     pipe = await new_pipe(gw, "incoming", max_messages=str(room))
     the = bridge(gw, "in")
+    await up(gw, "in")
+
+    def fill() -> None:
+        for i in range(total):
+            props = pika.BasicProperties(message_id=f"b-{i}")
+            broker.publish("", queue_name, b"x" * 1024, props)
+
+    await asyncio.to_thread(fill)
     await until(lambda: the.health.counters.throttled > 0, 20, "the bridge to hold back")
     await asyncio.sleep(0.5)
     assert len(await held(gw, pipe)) == room  # full, and nothing skipped it
+    counters = the.health.counters
+    assert (counters.published, counters.unroutable) == (room, 0)
+    assert the.backlog() <= window  # held unsettled, waiting for room
+    # RabbitMQ 3.10 may deliver a few past the credit; the rest waits at the broker
     depth = await asyncio.to_thread(broker.depth, queue_name)
-    assert depth >= total - room - window  # the rest waits at the broker
-    assert the.backlog() <= window
-    assert the.health.counters.received <= room + window + window
+    assert depth >= total - room - 2 * window, counters
     got = await take(gw, pipe, total, timeout=90)  # reading makes room: all flow, in order
     assert [m["message_id"] for m in got] == [f"b-{i}" for i in range(total)]
     assert await asyncio.to_thread(broker.depth, queue_name) == 0
