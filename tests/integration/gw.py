@@ -19,6 +19,7 @@ AMQP = "amqp://guest:guest@127.0.0.1:5672"
 FEEDS = (
     FeedConfig(name="orders", type="topic"),
     FeedConfig(name="incoming", type="fanout"),
+    FeedConfig(name="routed", type="direct"),
 )
 
 

@@ -287,3 +287,26 @@ async def test_failover_to_the_next_url(
     await asyncio.to_thread(broker.publish, "", queue_name, b"hi", None)
     [message] = await take(gw, pipe, 1)
     assert content_bytes(message) == b"hi"
+
+
+async def test_sasl_anonymous_and_address_from_a_header(
+    make_gateway: MakeGateway, broker: Broker, queue_name: str
+) -> None:
+    """No user: SASL ANONYMOUS (RabbitMQ maps it to its default user); the inbound
+    address taken from an application property instead of the subject."""
+    receive = inbound("in", f"/queue/{queue_name}", address_from="header:region")
+    receive["urls"] = ["amqp://127.0.0.1:5672"]
+    receive["feed"] = "routed"  # a direct feed: the address decides
+    gw = await gateway(make_gateway, outbound("out", f"/queue/{queue_name}"), receive)
+    pipe = await new_pipe(gw, "routed", address="eu")
+    await up(gw, "out", "in")
+    await publish(gw, "orders", {**FULL, "user_id": ""}, {"address": "a.b", "message_id": "m-9"})
+    [message] = await take(gw, pipe, 1)
+    assert message["address"] == "eu"
+    assert headers_of(message)["amqp.subject"] == "order.new"  # the subject is kept
+    assert content_bytes(message) == BINARY
+    await until(lambda: bridge(gw, "in").health.counters.published == 2, 10, "both published")
+    assert await held(gw, pipe) == []  # the one without a region had address ""
+    status = bridge(gw, "in").status()
+    assert status["url"] == "amqp://127.0.0.1:5672"
+    assert status["definition"]["sasl"] == ""
