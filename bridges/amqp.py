@@ -90,6 +90,7 @@ class AmqpBridge:
         self._rejected: list[tuple[int, str]] = []
         # inbound
         self._arrivals: list[tuple[int, int, MessageSpec]] = []
+        self._holding = 0  # arrivals of the batch being published, not yet settled
 
     # ------------------------------------------------------------ Bridge interface
     @property
@@ -113,14 +114,15 @@ class AmqpBridge:
         self._stopping = True
         self._stopped.set()
         self._wake.set()
-        for flight in self._flight.values():
-            if flight.retry is not None:
-                flight.retry.cancel()
+        self._forget_flight()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self.pipe is not None and not self.pipe.deleted:
+            self._port.engine.pin(self.pipe, False)  # idle from now, unless we come back
+        self.pipe = None
         link, self._link = self._link, None
         if link is not None:
             link.command("stop")
@@ -130,8 +132,6 @@ class AmqpBridge:
             if self.health.state.name != "stopping":
                 self.health.state.move("stopping")
             self.health.state.move("stopped")
-        self._flight.clear()
-        self._resend.clear()
         self._arrivals.clear()
         self._after = self._acked  # what was in flight is sent again after a restart
 
@@ -139,7 +139,7 @@ class AmqpBridge:
         if self.config.direction == "out":
             pipe = self.pipe
             return len(pipe.messages) + pipe.spilled if pipe is not None else 0
-        return len(self._arrivals)
+        return len(self._arrivals) + self._holding
 
     def status(self) -> dict[str, Any]:
         document = {
@@ -221,7 +221,8 @@ class AmqpBridge:
 
     # ------------------------------------------------------------ outbound
     def _open_pipe(self) -> None:
-        """Find the bridge's pipe (after a restart) or make it, and join it to the feed."""
+        """Find the bridge's pipe (after a restart) or make it, and keep exactly the
+        configured join on it (a definition edited between runs takes effect)."""
         engine = self._port.engine
         owner = owner_of(self.name)
         pipe = self.pipe if self.pipe is not None and not self.pipe.deleted else None
@@ -240,14 +241,35 @@ class AmqpBridge:
             pipe = engine.create_pipe(
                 feed.domain, PipeSpec(title=f"bridge {self.name}", options=options), owner
             )
-        self.pipe = pipe
-        if feed is not None and not any(j.feed is feed for j in pipe.joins.values()):
+        if pipe is not self.pipe:  # a new pipe: positions start again
+            self._forget_flight()
+            self._after = self._acked = 0
+            self.pipe = pipe
+            engine.pin(pipe, True)  # read by this bridge, even while it waits (Q1)
+        wanted = (feed, self.config.address, tuple(sorted(self.config.headers)))
+        found = False
+        for join in list(pipe.joins.values()):
+            if join.is_default:
+                continue
+            if (join.feed, join.spec.address, tuple(sorted(join.spec.headers))) == wanted:
+                found = True
+            else:
+                engine.delete_join(join)  # of an earlier definition
+        if feed is not None and not found:
             spec = JoinSpec(
                 feed_path=f"/restms/feed/{feed.name}",
                 address=self.config.address,
                 headers=self.config.headers,
             )
             engine.create_join(pipe, spec)
+
+    def _forget_flight(self) -> None:
+        for flight in self._flight.values():
+            if flight.retry is not None:
+                flight.retry.cancel()
+        self._flight.clear()
+        self._resend.clear()
+        self._rejected.clear()
 
     async def _outbound(self) -> None:
         engine = self._port.engine
@@ -363,6 +385,8 @@ class AmqpBridge:
         name = self.config.dead_letter or engine.config.dead_letter_feed
         feed = engine.public_feeds.get(name) if name else None
         if feed is None:
+            self.health.counters.discarded += 1
+            self.health.error(f"a rejected message was discarded: no dead-letter feed ({error})")
             log.warning("bridge %s: a rejected message had no dead-letter feed", self.name)
             return
         spec = dataclasses.replace(
@@ -379,6 +403,8 @@ class AmqpBridge:
         try:
             engine.publish(feed, [spec])
         except RestMSError as exc:
+            self.health.counters.discarded += 1
+            self.health.error(f"a rejected message was discarded: {exc}")
             log.warning("bridge %s: dead letter not published: %s", self.name, exc)
             return
         self.health.counters.dead_lettered += 1
@@ -405,6 +431,7 @@ class AmqpBridge:
             batch = [item for item in batch if item[0] == current]
         attempt = 0
         while batch and not self._stopping:
+            self._holding = len(batch)
             feed = self._port.engine.public_feeds.get(self.config.feed)
             if feed is None:
                 self.health.error(f"no feed named {self.config.feed!r} to publish into")
@@ -419,18 +446,34 @@ class AmqpBridge:
             part = batch[:fits]
             try:
                 counts = self._publish(feed, part)
-                await self._port.commit()
             except ServiceUnavailable as exc:
                 self.health.error(f"the gateway cannot take messages now: {exc}")
                 attempt += 1
                 await self._sleep(backoff(attempt, 0.05, 2.0))
                 continue
+            if not await self._commit():  # routed, but not yet on disk: never publish twice
+                break
             attempt = 0
             self._count(counts)
             self._settle([(n, "accept", "") for _, n, _ in part], len(part))
             batch = batch[fits:]
-        if batch:  # stopping: give them back
+        self._holding = 0
+        if batch:  # stopping: give them back (those routed but not committed may repeat)
             self._settle([(n, "release", "") for _, n, _ in batch], 0)
+
+    async def _commit(self) -> bool:
+        """Commit what was routed, retrying while the store fails; False if stopping."""
+        attempt = 0
+        while not self._stopping:
+            try:
+                await self._port.commit()
+            except ServiceUnavailable as exc:
+                self.health.error(f"cannot commit to the store: {exc}")
+                attempt += 1
+                await self._sleep(backoff(attempt, 0.1, 5.0))
+            else:
+                return True
+        return False
 
     def _publish(self, feed: Feed, batch: list[tuple[int, int, MessageSpec]]) -> list[int]:
         """Publish the batch; a message the engine refuses (not a full gateway) is

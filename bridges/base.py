@@ -82,6 +82,7 @@ class Counters:
     rejected: int = 0
     retried: int = 0
     dead_lettered: int = 0
+    discarded: int = 0  # rejected, and no dead-letter feed would take it
     unmappable: int = 0
     # inbound (far side -> gateway)
     received: int = 0

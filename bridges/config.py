@@ -41,7 +41,7 @@ class AmqpBridgeConfig:
     kind: str = "amqp"
     # outbound
     target: str = ""
-    address: str = ""  # the internal join's address pattern ("" : every message)
+    address: str = ""  # the internal join's address ("#": every message of a topic feed)
     headers: tuple[tuple[str, str], ...] = ()  # the internal join's headers (headers feeds)
     max_messages: int = 0  # the internal pipe's limits; 0: the gateway's defaults
     max_bytes: int = 0

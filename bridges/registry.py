@@ -100,8 +100,17 @@ class Registry:
                 if existing.config == config:
                     return existing, False
                 raise Conflict(f"a different bridge named {config.name!r} exists")
-            if config.feed not in self._port.engine.public_feeds:
+            engine = self._port.engine
+            if config.feed not in engine.public_feeds:
                 raise BadRequest(f"no feed named {config.feed!r} to bridge")
+            limits = engine.config
+            if config.max_messages > limits.max_pipe_messages:
+                raise BadRequest(f"max_messages may be at most {limits.max_pipe_messages}")
+            if config.max_bytes > limits.max_pipe_bytes:
+                raise BadRequest(f"max_bytes may be at most {limits.max_pipe_bytes}")
+            dead = config.dead_letter
+            if dead and dead not in engine.public_feeds:
+                raise BadRequest(f"no feed named {dead!r} for dead letters")
             bridge = await self._start(config, configured=False)
             await self._save()
             return bridge, True

@@ -183,6 +183,12 @@ class Core:
         """How many pipes ``owner`` has (for its quota)."""
         return self._pipes_of[owner]
 
+    def pin(self, pipe: Pipe, pinned: bool) -> None:
+        """A reader that makes no requests (a bridge) holds the pipe: while pinned it is
+        never collected as idle (Q1); unpinned, its idle time starts now."""
+        pipe.pinned = pinned
+        pipe.accessed = self._mono()
+
     def pipes_of(self, owner: str) -> list[Pipe]:
         """The pipes ``owner`` has (a scan: for start-up, never the hot path)."""
         if not self._pipes_of[owner]:

@@ -293,6 +293,7 @@ class Engine(Delivery):
             found
             for found in self._private.values()
             if isinstance(found, Pipe)
+            and not found.pinned
             and found.accessed <= cutoff
             and not found.waiting
             and not found.demand

@@ -238,6 +238,7 @@ class Pipe(Watchable):
         "options",
         "overflow",
         "owner",
+        "pinned",
         "spill_hi",
         "spill_lo",
         "spilled",
@@ -276,6 +277,7 @@ class Pipe(Watchable):
         self.spill_hi = 0
         self.loading: asyncio.Future[None] | None = None  # a page being read back
         self.accessed = 0.0  # monotonic time of the last request that touched it (Q1)
+        self.pinned = False  # read by a bridge: never collected as idle while it runs
         self.options = settings.given  # what the client asked for, as the store keeps it
         self.durable = settings.durable
         self.lease = settings.lease

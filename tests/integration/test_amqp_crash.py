@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 JSON = "application/restms+json"
 HJ = {"Content-Type": JSON, "Accept": JSON}
-TOTAL = 1500
+TOTAL = 3000
 
 
 def config(path: Path, queue: str) -> Path:
@@ -96,8 +96,13 @@ async def test_a_crash_mid_stream_loses_nothing(
                     broker.publish("", queue_name, b"x" * 512, props)
 
             feeding = asyncio.create_task(asyncio.to_thread(feed_the_queue))
-            await asyncio.sleep(chance.uniform(0.3, 1.5))
-            before = await ids_in(http, url + pipe_path)
+            target = chance.randrange(50, 1000)  # kill once this many have arrived
+            before: list[str] = []
+            for _ in range(6000):  # bounded: a minute at most
+                before = await ids_in(http, url + pipe_path)
+                if len(before) >= target:
+                    break
+                await asyncio.sleep(0.01)
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
             await feeding
