@@ -3,13 +3,14 @@
     bench/run                  # everything, default rounds (= .venv/bin/python -m bench.run_all)
     bench/run --quick          # a short smoke run of everything
     bench/run --only auth      # one section (here benchmark 8)
+    bench/run --only amqp      # benchmark 9: the AMQP 1.0 bridge (needs RabbitMQ)
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
 generator on the same machine; benchmark 8's baseline is the same gateway answering
-guest requests. Raw per-round results go to
-bench/results/results-<time>.json (and latest.json). All servers and clients are
-started here on 127.0.0.1 and stopped on every exit path.
+guest requests, benchmark 9's a raw asynchronous proton client on the same broker.
+Raw per-round results go to bench/results/results-<time>.json (and latest.json). All
+servers and clients are started here on 127.0.0.1 and stopped on every exit path.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import asynclets, auth_cost, backlog, latency, throughput
+from bench import amqp_bridge, asynclets, auth_cost, backlog, latency, throughput
 from bench.common import RESULTS, log, machine, median, start, stop_all
 
 # Benchmarks 1-3 measure the publish path: pipes may grow without bound and nothing
@@ -80,6 +81,10 @@ def section_backlog(args: argparse.Namespace) -> dict[str, Any]:
 def section_auth(args: argparse.Namespace) -> dict[str, Any]:
     throughput.ensure_wrk()
     return auth_cost.run(GATEWAY_ENV, args.rounds, args.duration)
+
+
+def section_amqp(args: argparse.Namespace) -> dict[str, Any]:
+    return amqp_bridge.run(args.rounds, args.amqp_count, memory_round=not args.quick)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -148,6 +153,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 }
             )
     rows.extend(_auth_rows(results.get("auth", {})))
+    rows.extend(_amqp_rows(results.get("amqp", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -212,6 +218,27 @@ def _auth_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "ratio": ratio,
                 "target": target,
                 "pass": verdict,
+            }
+        )
+    return rows
+
+
+def _amqp_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 9; its ratio is the median of per-round ratios, not a ratio of medians."""
+    if not data.get("sqlite"):
+        return []
+    rows: list[dict[str, Any]] = []
+    for direction, label in (("out", "gateway -> broker"), ("in", "broker -> gateway")):
+        ratio = data[f"{direction}_ratio"]
+        rows.append(
+            {
+                "benchmark": f"9. AMQP 1.0 bridge, {label}, 1 KiB (baseline: raw proton)",
+                "unit": "msg/s",
+                "gateway": data[f"{direction}_bridge_median"],
+                "bare": data[f"{direction}_raw_median"],
+                "ratio": ratio,
+                "target": f">= {amqp_bridge.TARGET:.0%} of raw",
+                "pass": ratio >= amqp_bridge.TARGET,
             }
         )
     return rows
@@ -299,6 +326,20 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 
 def print_notes(results: dict[str, Any]) -> None:
+    amqp = results.get("amqp", {})
+    if amqp.get("sqlite"):
+        print("  amqp settings: " + ", ".join(f"{k}={v}" for k, v in amqp["settings"].items()))
+    for store in ("sqlite", "memory"):
+        for r in amqp.get(store, []):
+            o, i = r["out_bridge"], r["in_bridge"]
+            print(
+                f"  amqp {store} round {r['round'] + 1}: out bridge/raw "
+                f"{o['msg_per_s']:,.0f}/{r['out_raw']['msg_per_s']:,.0f} msg/s = "
+                f"{r['out_ratio']:.3f} (HTTP {o['http_msg_per_s']:,.0f} msg/s); in bridge/raw "
+                f"{i['msg_per_s']:,.0f}/{r['in_raw']['msg_per_s']:,.0f} msg/s = "
+                f"{r['in_ratio']:.3f}; gateway CPU-us/msg out "
+                f"{o['gateway_cpu_us_per_msg']:.0f}, in {i['gateway_cpu_us_per_msg']:.0f}"
+            )
     authn = results.get("auth", {})
     for variant in auth_cost.VARIANTS if authn.get(auth_cost.BASELINE) else ():
         runs = authn[variant]
@@ -344,10 +385,11 @@ def main() -> int:
     parser.add_argument("--backlog", type=int, default=1_000_000, help="queued messages")
     parser.add_argument("--backlog-pipes", type=int, default=100, help="pipes they wait in")
     parser.add_argument("--backlog-rounds", type=int, default=1, help="rounds for 6-7")
+    parser.add_argument("--amqp-count", type=int, default=20_000, help="messages per run, #9")
     parser.add_argument(
         "--only",
         nargs="*",
-        choices=["throughput", "latency", "asynclets", "backlog", "auth"],
+        choices=["throughput", "latency", "asynclets", "backlog", "auth", "amqp"],
         default=None,
     )
     parser.add_argument("--quick", action="store_true", help="1 round, short runs")
@@ -356,6 +398,7 @@ def main() -> int:
         args.rounds, args.duration, args.latency_count = 1, 2.0, 200
         args.rss_rounds, args.asynclets = 1, min(args.asynclets, 2000)
         args.backlog = min(args.backlog, 100_000)
+        args.amqp_count = min(args.amqp_count, 5_000)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -373,6 +416,7 @@ def main() -> int:
         "asynclets": section_asynclets,
         "backlog": section_backlog,
         "auth": section_auth,
+        "amqp": section_amqp,
     }
     t0 = time.monotonic()
     try:
