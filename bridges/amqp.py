@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from feeds.model import Blob, Feed, Message, Pipe, Slot
+from feeds.model import Blob, Feed, Join, Message, Pipe, Slot
 from feeds.selection import matching
 from restms.errors import RestMSError, ServiceUnavailable
 from restms.specs import Duplicate, EmbeddedContent, JoinSpec, MessageSpec, PipeOptions, PipeSpec
@@ -83,6 +83,7 @@ class AmqpBridge:
         self._restarts = 0
         # outbound
         self.pipe: Pipe | None = None
+        self._join: Join | None = None  # the internal join, once made or found
         self._after = 0  # highest position handed to the proton thread
         self._acked = 0  # highest position acknowledged
         self._flight: dict[int, _Flight] = {}
@@ -122,7 +123,7 @@ class AmqpBridge:
             self._task = None
         if self.pipe is not None and not self.pipe.deleted:
             self._port.engine.pin(self.pipe, False)  # idle from now, unless we come back
-        self.pipe = None
+        self.pipe = self._join = None
         link, self._link = self._link, None
         if link is not None:
             link.command("stop")
@@ -223,6 +224,9 @@ class AmqpBridge:
     def _open_pipe(self) -> None:
         """Find the bridge's pipe (after a restart) or make it, and keep exactly the
         configured join on it (a definition edited between runs takes effect)."""
+        join = self._join
+        if join is not None and not join.deleted and join.pipe is self.pipe:
+            return  # the usual case: nothing changed since the last look
         engine = self._port.engine
         owner = owner_of(self.name)
         pipe = self.pipe if self.pipe is not None and not self.pipe.deleted else None
@@ -247,21 +251,21 @@ class AmqpBridge:
             self.pipe = pipe
             engine.pin(pipe, True)  # read by this bridge, even while it waits (Q1)
         wanted = (feed, self.config.address, tuple(sorted(self.config.headers)))
-        found = False
+        self._join = None
         for join in list(pipe.joins.values()):
             if join.is_default:
                 continue
             if (join.feed, join.spec.address, tuple(sorted(join.spec.headers))) == wanted:
-                found = True
+                self._join = join
             else:
                 engine.delete_join(join)  # of an earlier definition
-        if feed is not None and not found:
+        if feed is not None and (self._join is None or self._join.pipe is not pipe):
             spec = JoinSpec(
                 feed_path=f"/restms/feed/{feed.name}",
                 address=self.config.address,
                 headers=self.config.headers,
             )
-            engine.create_join(pipe, spec)
+            self._join, _ = engine.create_join(pipe, spec)
 
     def _forget_flight(self) -> None:
         for flight in self._flight.values():

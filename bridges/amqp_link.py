@@ -63,6 +63,7 @@ from .config import AmqpBridgeConfig, redact
 
 log = logging.getLogger(__name__)
 
+CLOSE_GRACE = 2.0  # seconds a stopping bridge waits for the broker to confirm the close
 HEALTHY = 10.0  # seconds a connection must last before the reconnect backoff resets
 STRIKES = 3  # broker errors a message may be in flight for before it counts as rejected
 
@@ -142,6 +143,8 @@ class Link(MessagingHandler):
         self._up = False
         self._opened_at = 0.0
         self._stopping = False
+        self._closing: Any = None  # the connection being closed on stop
+        self._ended = False
         self._senders: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._pending: collections.deque[tuple[int, str, Message]] = collections.deque()
         self._unsettled: dict[Any, tuple[int, str, Message]] = {}  # delivery -> what was sent
@@ -178,15 +181,25 @@ class Link(MessagingHandler):
             self._emit(("crashed", f"{type(exc).__name__}: {exc}"))
         finally:
             self._emit(("state", "stopped", "", ""))
+            self._flush()
 
     def _emit(self, event: tuple[Any, ...]) -> None:
+        """Queue an event for the loop; it is woken once the reactor has handled every
+        event it had (``on_reactor_quiesced``), so one wake-up carries a whole pass."""
         self._events.append(event)
+
+    def _flush(self) -> None:
+        if not self._events:
+            return
         with self._lock:
             if self._waking:
                 return
             self._waking = True
         with contextlib.suppress(RuntimeError):  # a closed loop: nobody listens any more
             self._loop.call_soon_threadsafe(self._deliver)
+
+    def on_reactor_quiesced(self, event: Any) -> None:
+        self._flush()
 
     def _deliver(self) -> None:  # on the asyncio loop
         with self._lock:
@@ -328,7 +341,9 @@ class Link(MessagingHandler):
             self._failed(self._describe(event.transport.condition, "transport error"))
 
     def on_disconnected(self, event: Any) -> None:
-        if event.connection == self._conn:
+        if self._stopping and event.connection == self._closing:
+            self._end()
+        elif event.connection == self._conn:
             condition = event.transport.condition if event.transport else None
             self._failed(self._describe(condition, "disconnected"))
 
@@ -369,13 +384,28 @@ class Link(MessagingHandler):
 
     # ------------------------------------------------------------ stopping
     def _do_stop(self) -> None:
+        """Close the connection (so the broker takes back what it had given us and stops
+        delivering), then end the reactor once it is closed, or after a short grace."""
         self._stopping = True
         self._emit(("state", "stopping", "", ""))
         conn, self._conn = self._conn, None
-        if conn is not None and not conn.state & Endpoint.LOCAL_CLOSED:
+        self._closing = conn
+        if conn is not None and not conn.state & Endpoint.LOCAL_CLOSED and self._up:
             conn.close()
+            self._container.schedule(CLOSE_GRACE, _Timer(self._end))
+        else:
+            self._end()
+
+    def _end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
         self._injector.close()
         self._container.stop()
+
+    def on_connection_closed(self, event: Any) -> None:
+        if self._stopping and event.connection == self._closing:
+            self._end()
 
     # ------------------------------------------------------------ sending
     def _do_send(self, batch: list[tuple[int, str, Message]]) -> None:
