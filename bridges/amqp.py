@@ -302,7 +302,10 @@ class AmqpBridge:
                         batch.append(item)
             if batch and self._link is not None:
                 self._link.command("send", batch)
+            before = pipe.version
             await self._settle_outbound(pipe)
+            if seen == before and pipe.version == before + 1:
+                seen = pipe.version  # only our own acknowledgement touched it: no news
             if self._stopping:
                 break
             more = pipe.version != seen or self._wake.is_set()
