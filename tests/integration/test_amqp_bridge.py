@@ -310,3 +310,18 @@ async def test_sasl_anonymous_and_address_from_a_header(
     status = bridge(gw, "in").status()
     assert status["url"] == "amqp://127.0.0.1:5672"
     assert status["definition"]["sasl"] == ""
+
+
+async def test_a_stopped_bridge_leaves_the_broker_nothing_held(
+    make_gateway: MakeGateway, broker: Broker, queue_name: str
+) -> None:
+    """Stopping closes the AMQP connection: the broker takes the receiver's credit back,
+    so what reaches the queue afterwards stays there for the next consumer."""
+    await asyncio.to_thread(broker.declare_queue, queue_name)
+    gw = await gateway(make_gateway, inbound("in", f"/queue/{queue_name}"))
+    await up(gw, "in")
+    await bridge(gw, "in").stop()
+    for _ in range(10):
+        await asyncio.to_thread(broker.publish, "", queue_name, b"later", None)
+    await asyncio.sleep(0.5)
+    assert await asyncio.to_thread(broker.depth, queue_name) == 10
