@@ -159,6 +159,8 @@ class AmqpBridge:
     def _start_link(self) -> None:
         loop = asyncio.get_running_loop()
         self._link = Link(self.config, loop, self._events, max_message_size=self._max_size)
+        if self.health.state.name == "stopped":
+            self.health.state.move("connecting")  # from now: the thread says so a bit later
         self._link.start()
         if self.config.direction == "in":
             self._link.command("credit", self.config.window)

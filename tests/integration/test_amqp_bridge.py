@@ -213,8 +213,9 @@ async def test_a_full_pipe_throttles_the_inbound_link(
     assert len(await held(gw, pipe)) == room  # full, and nothing skipped it
     counters = the.health.counters
     assert (counters.published, counters.unroutable) == (room, 0)
-    assert the.backlog() <= window  # held unsettled, waiting for room
-    # RabbitMQ 3.10 may deliver a few past the credit; the rest waits at the broker
+    # held unsettled, waiting for room: the credit, and the few RabbitMQ 3.10 may
+    # deliver past it; the rest waits at the broker
+    assert the.backlog() <= 2 * window
     depth = await asyncio.to_thread(broker.depth, queue_name)
     assert depth >= total - room - 2 * window, counters
     got = await take(gw, pipe, total, timeout=90)  # reading makes room: all flow, in order
