@@ -28,15 +28,14 @@ Repeats are absorbed by the feed's ``message_id`` window.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from feeds.model import Blob, Feed, Join, Message, Pipe, Slot
+from feeds.model import Feed, Join, Message, Pipe, Slot
 from feeds.selection import matching
 from restms.errors import RestMSError, ServiceUnavailable
 from restms.specs import Duplicate, EmbeddedContent, JoinSpec, MessageSpec, PipeOptions, PipeSpec
@@ -201,8 +200,6 @@ class AmqpBridge:
             health.counters.connects += 1
         if state == "retrying" and health.state.name == "up":
             health.counters.disconnects += 1
-        if state == "connecting" and health.state.name == "up":
-            health.state.move("retrying")
         health.state.move(state)
         if url:
             health.url = url
@@ -312,14 +309,8 @@ class AmqpBridge:
                 break
             more = pipe.version != seen or self._wake.is_set()
             if not more and not self._resend:
-                waits: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._wake.wait())]
-                if len(self._flight) < self.config.window:
-                    waits.append(asyncio.ensure_future(pipe.changed(IDLE, seen)))
-                _, undone = await asyncio.wait(
-                    waits, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED
-                )
-                for waiter in undone:
-                    waiter.cancel()
+                room_left = len(self._flight) < self.config.window
+                await _first(self._wake.wait(), *([pipe.changed(IDLE, seen)] if room_left else []))
 
     def _prepare(self, message: Message) -> tuple[int, str, Any] | None:
         """The proton message for a pipe message; unmappable ones go to dead letters."""
@@ -383,40 +374,20 @@ class AmqpBridge:
             for seq, error in rejected:
                 flight = self._flight.pop(seq, None)
                 if flight is not None:
-                    self._dead_letter(flight.message, error)
+                    self._dead_letter(pipe, flight.message, error)
         upto = (min(self._flight) - 1) if self._flight else self._after
         if upto > self._acked:
             await self._port.ack(Slot(pipe, upto))
             self._acked = upto
 
-    def _dead_letter(self, message: Message, error: str) -> None:
+    def _dead_letter(self, pipe: Pipe, message: Message, error: str) -> None:
+        why = (("x-bridge", self.name), ("x-bridge-error", error[:1000]))
         engine = self._port.engine
-        name = self.config.dead_letter or engine.config.dead_letter_feed
-        feed = engine.public_feeds.get(name) if name else None
-        if feed is None:
+        if engine.dead_letter(pipe, message, "rejected", why, feed=self.config.dead_letter):
+            self.health.counters.dead_lettered += 1
+        else:
             self.health.counters.discarded += 1
-            self.health.error(f"a rejected message was discarded: no dead-letter feed ({error})")
-            log.warning("bridge %s: a rejected message had no dead-letter feed", self.name)
-            return
-        spec = dataclasses.replace(
-            message.spec,
-            headers=(
-                *message.spec.headers,
-                ("x-death-reason", "rejected"),
-                ("x-bridge", self.name),
-                ("x-bridge-error", error[:1000]),
-                ("x-original-feed", message.feed_name or self.config.feed),
-            ),
-            contents=tuple(_embedded(part) for part in message.parts if part is not None),
-        )
-        try:
-            engine.publish(feed, [spec])
-        except RestMSError as exc:
-            self.health.counters.discarded += 1
-            self.health.error(f"a rejected message was discarded: {exc}")
-            log.warning("bridge %s: dead letter not published: %s", self.name, exc)
-            return
-        self.health.counters.dead_lettered += 1
+            self.health.error(f"a rejected message was discarded, no dead-letter feed: {error}")
 
     # ------------------------------------------------------------ inbound
     async def _inbound(self) -> None:
@@ -450,7 +421,8 @@ class AmqpBridge:
             fits, full = self._fitting(feed, batch)
             if not fits:
                 self.health.counters.throttled += 1
-                await self._changed(full)
+                # wait (bounded) for a full pipe to change, or for the bridge to stop
+                await _first(self._stopped.wait(), *(p.changed(IDLE, v) for p, v in full.items()))
                 continue
             part = batch[:fits]
             try:
@@ -547,16 +519,6 @@ class AmqpBridge:
                 used[pipe] = [count + 1, total + size]
         return len(batch), {}
 
-    async def _changed(self, full: dict[Pipe, int]) -> None:
-        """Wait (bounded) until one of the full pipes changes, or the bridge stops."""
-        waits: list[asyncio.Future[Any]] = [
-            asyncio.ensure_future(p.changed(IDLE, v)) for p, v in full.items()
-        ]
-        waits.append(asyncio.ensure_future(self._stopped.wait()))
-        _, undone = await asyncio.wait(waits, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED)
-        for waiter in undone:
-            waiter.cancel()
-
     def _settle(self, decisions: list[tuple[int, str, str]], credit: int) -> None:
         link = self._link
         if link is None:
@@ -582,8 +544,9 @@ class _NoFeed(Exception):
         super().__init__(f"no feed named {name!r} to bridge")
 
 
-def _embedded(part: Blob | EmbeddedContent) -> EmbeddedContent:
-    if isinstance(part, EmbeddedContent):
-        return part
-    value = base64.b64encode(part.data).decode("ascii")
-    return EmbeddedContent(type=part.content_type, encoding="base64", value=value)
+async def _first(*waits: Awaitable[Any]) -> None:
+    """Wait until the first of these is done, or ``IDLE`` seconds; cancel the others."""
+    futures = [asyncio.ensure_future(w) for w in waits]
+    _, undone = await asyncio.wait(futures, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED)
+    for future in undone:
+        future.cancel()

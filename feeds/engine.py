@@ -239,7 +239,9 @@ class Engine(Delivery):
         now = self._wall()
         source = message.source
         if message.redeliveries >= pipe.max_deliveries:
-            self._dead_letter(pipe, message, now)
+            self.dead_letter(
+                pipe, message, "max-deliveries", (("x-delivery-count", str(message.redeliveries)),)
+            )
         elif source is not None and not source.deleted:
             other = eligible(source, avoid=pipe)  # another worker, if one can take it
             if other is not None:
@@ -251,20 +253,31 @@ class Engine(Delivery):
             self._place(pipe, message, now)  # at the end, with its names and times
         pipe.touch(now)
 
-    def _dead_letter(self, pipe: Pipe, message: Message, now: float) -> None:
-        """Publish the message to the pipe's dead-letter feed, with headers saying why."""
-        path = pipe.dead_letter
+    def dead_letter(
+        self,
+        pipe: Pipe,
+        message: Message,
+        reason: str,
+        why: tuple[tuple[str, str], ...] = (),
+        *,
+        feed: str | None = None,
+    ) -> bool:
+        """Publish a copy of the message to a dead-letter feed (``feed`` by name, else
+        the pipe's, else the configured one) with headers saying why. False (counted
+        and logged) when that feed is missing or its queue is full."""
         target: Feed | None
-        if path is None:
+        if feed:
+            target = self.public_feeds.get(feed)
+        elif pipe.dead_letter is None:
             target = self.public_feeds.get(self.config.dead_letter_feed)
         else:
-            target = self._feed_at(path) if path else None
+            target = self._feed_at(pipe.dead_letter) if pipe.dead_letter else None
         spec = dataclasses.replace(
             message.spec,
             headers=(
                 *message.spec.headers,
-                ("x-death-reason", "max-deliveries"),
-                ("x-delivery-count", str(message.redeliveries)),
+                ("x-death-reason", reason),
+                *why,
                 ("x-original-feed", message.feed_name or ""),
             ),
         )
@@ -277,9 +290,10 @@ class Engine(Delivery):
         if target is None or target.deleted or full:
             self.counters.dead_discarded += 1
             log.warning("a dead letter had nowhere to go and was discarded")
-            return
-        self._route(target, spec, message.parts, now, message.durable, message.size)
+            return False
+        self._route(target, spec, message.parts, self._wall(), message.durable, message.size)
         self.counters.dead_lettered += 1
+        return True
 
     # ------------------------------------------------------------ background upkeep
     def collect_idle(self) -> int:

@@ -12,7 +12,6 @@ Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,19 +24,17 @@ from bridges.config import parse
 from bridges.registry import Registry
 from feeds.engine import Engine
 from feeds.model import Pipe, Slot
-from feeds.store import StoreError
 from restms.errors import (
     BadRequest,
     Forbidden,
     InsufficientScope,
     NotFound,
-    ServiceUnavailable,
     UnsupportedMediaType,
 )
 
-from . import http, spill
+from . import durability, http, spill
 from .authn import PRINCIPAL
-from .keys import CONFIG, ENGINE, STORE
+from .keys import CONFIG, ENGINE
 
 BRIDGES_PATH = "/admin/bridges"
 
@@ -53,13 +50,7 @@ class AppPort:
         return self._app[ENGINE]
 
     async def commit(self) -> None:
-        store, engine = self._app.get(STORE), self._app[ENGINE]
-        if store is None or not engine.journal:
-            return
-        try:
-            await asyncio.shield(store.submit(engine.take_journal()))
-        except StoreError as exc:
-            raise ServiceUnavailable(f"{exc}; retry later", 5) from exc
+        await durability.commit(self._app)
 
     async def ensure(self, pipe: Pipe) -> None:
         await spill.ensure(self._app, pipe)

@@ -29,8 +29,13 @@ log = logging.getLogger(__name__)
 
 async def committed(request: web.Request) -> None:
     """Wait until what this request changed is on disk (nothing to wait for: at once)."""
-    store = request.app.get(STORE)
-    engine = request.app[ENGINE]
+    await commit(request.app)
+
+
+async def commit(app: web.Application) -> None:
+    """Wait until every change the engine made so far is on disk (bridges use this too)."""
+    store = app.get(STORE)
+    engine = app[ENGINE]
     if store is None or not engine.journal:
         return
     future = store.submit(engine.take_journal())
