@@ -326,3 +326,30 @@ async def test_a_stopped_bridge_leaves_the_broker_nothing_held(
         await asyncio.to_thread(broker.publish, "", queue_name, b"later", None)
     await asyncio.sleep(0.5)
     assert await asyncio.to_thread(broker.depth, queue_name) == 10
+
+
+async def test_a_broker_message_the_gateway_cannot_take_is_refused_not_lost_silently(
+    make_gateway: MakeGateway, broker: Broker, queue_name: str
+) -> None:
+    """Bad input from the broker side: an address XML cannot carry and an oversized
+    body are rejected at the broker (counted, with the reason); the stream goes on."""
+    await asyncio.to_thread(broker.declare_queue, queue_name, True, ("amq.fanout", ""))
+    gw = await gateway(make_gateway, inbound("in", f"/queue/{queue_name}", max_message_size=4096))
+    pipe = await new_pipe(gw, "incoming")
+    await up(gw, "in")
+    for key, payload, ident in (
+        ("bad\x01key", b"x", "control"),
+        ("big", b"y" * 5000, "too-big"),
+        ("fine", b"ok", "good"),
+    ):
+        props = pika.BasicProperties(message_id=ident)
+        await asyncio.to_thread(broker.publish, "amq.fanout", key, payload, props)
+    [message] = await take(gw, pipe, 1)
+    assert message["message_id"] == "good"
+    the = bridge(gw, "in")
+    await until(lambda: the.health.counters.refused == 2, 10, "two refusals")
+    assert the.health.last_error == (
+        "refused a broker message: a body of 5000 bytes is over the limit of 4096 bytes"
+    )
+    assert the.health.counters.published == 1
+    assert await asyncio.to_thread(broker.depth, queue_name) == 0  # settled, not stuck
