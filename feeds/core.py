@@ -1,5 +1,6 @@
-"""The engine's base: resources (feeds, pipes, joins, staged contents), their lookup,
-and placing messages in pipes and rotator queues, with the journal the store commits.
+"""The engine's base: resources (feeds, pipes, joins, staged contents) and their
+lookup, with the journal the store commits. Placing messages in pipes and rotator
+queues is its own base, :class:`feeds.placement.Placement`.
 
 :class:`feeds.delivery.Delivery` adds publishing and reading on top, and
 :class:`feeds.engine.Engine` recovery, leases and idle collection; the theory of
@@ -14,7 +15,7 @@ from collections import Counter
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
-from restms.specs import FeedSpec, JoinSpec, MessageSpec, PipeOptions, PipeSpec, Update
+from restms.specs import FeedSpec, JoinSpec, PipeOptions, PipeSpec, Update
 from restms.uris import split_path
 
 from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
@@ -24,27 +25,24 @@ from .model import (
     Domain,
     Feed,
     Join,
-    Message,
-    Part,
     PartRef,
     Pipe,
     PipeSettings,
-    Queued,
     Resource,
     Slot,
     StagedContent,
     Watchable,
-    content_size,
 )
+from .placement import Placement
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
-from .selection import eligible
-from .store import Op, dumps, persistent, record
+from .store import Op, dumps
 
 log = logging.getLogger(__name__)
 
 
-class Core:
-    """Resources and message placement, used from the event loop's thread."""
+class Core(Placement):
+    """Resources and their lookup, used from the event loop's thread (placing messages
+    is :class:`feeds.placement.Placement`)."""
 
     # ------------------------------------------------------------ set-up
     def __init__(
@@ -519,138 +517,6 @@ class Core:
         self._private.pop(staged.key, None)
         self._staged_bytes -= len(staged.blob.data)
         staged.wake()
-
-    # ------------------------------------------------------------ placing messages
-    def _deliver(
-        self,
-        pipe: Pipe,
-        spec: MessageSpec,
-        parts: list[Part | None],
-        feed: Feed,
-        now: float,
-        durable: bool,
-        size: int,
-        redeliveries: int = 0,
-    ) -> None:
-        source = feed if feed.type in QUEUEING_TYPES else None
-        message = Message(0, spec, list(parts), feed.name, source, now)
-        message.size = size
-        message.durable = durable
-        message.redeliveries = redeliveries
-        ttl = spec.prop("expiration")
-        if ttl is not None:
-            message.expires = self._mono() + int(ttl) / 1000
-        self.counters.routed += 1
-        self._place(pipe, message, now)
-
-    def _place(self, pipe: Pipe, message: Message, now: float) -> None:
-        """Give the message the pipe's next position: held in memory, or on disk past
-        the memory budget. New messages and redelivered ones both come through here."""
-        message.seq = pipe.next_seq
-        pipe.next_seq += 1
-        message.durable = message.durable or pipe.durable
-        if self.journal is not None:
-            self._moved.add(pipe)
-            budget = self.config.memory_budget
-            if budget and (pipe.spilled or self.held + message.size + OVERHEAD > budget):
-                self._spill(pipe, message)
-                pipe.touch(now)
-                return
-            if message.durable:
-                self._log_message(pipe, message)
-        self._hold(pipe, message)
-        pipe.touch(now)
-
-    def _hold(self, pipe: Pipe, message: Message) -> None:
-        pipe.messages[message.seq] = message
-        pipe.bytes += message.size
-        self.held += message.size + OVERHEAD
-        if message.expires is not None:
-            pipe.expiring += 1
-
-    def _unhold(self, pipe: Pipe, seq: int) -> Message:
-        message = pipe.messages.pop(seq)
-        pipe.bytes -= message.size
-        self.held -= message.size + OVERHEAD
-        return message
-
-    def _spill(self, pipe: Pipe, message: Message) -> None:
-        """Past the memory budget: the message waits on disk, behind every message of
-        the pipe in memory, until readers get that far (:meth:`page_in`)."""
-        self._log_message(pipe, message)
-        if not pipe.spilled:
-            pipe.spill_lo = message.seq
-        pipe.spill_hi = message.seq + 1
-        pipe.spilled += 1
-        pipe.spilled_bytes += message.size
-        self.counters.spilled += 1
-
-    def _log_message(self, pipe: Pipe, message: Message) -> None:
-        assert self.journal is not None
-        source = message.source.key if message.source is not None else None
-        data = record(
-            message.spec,
-            message.parts,
-            message.feed_name,
-            message.arrived,
-            self._expires_at(message.expires),
-            message.redeliveries,
-            None if message.durable else self.epoch,
-        )
-        self.journal.append(("msg", pipe.key, message.seq, source, data))
-
-    def _expires_at(self, deadline: float | None) -> float | None:
-        """A monotonic deadline as wall-clock time, which survives a restart."""
-        return None if deadline is None else self._wall() + (deadline - self._mono())
-
-    def _drop(self, pipe: Pipe, seq: int) -> Message:
-        """Take one message out of its pipe (expired, overflowed or redelivered)."""
-        message = self._unhold(pipe, seq)
-        if self.journal is not None:  # durable, or read back from disk: a row to delete
-            self.journal.append(("drop", pipe.key, seq))
-        return message
-
-    # ------------------------------------------------------------ rotator and service queues
-    def _enqueue(self, feed: Feed, entry: Queued, durable: bool, *, front: bool) -> None:
-        spec, parts, _, redelivered = entry
-        qid: int | None = None
-        if self.journal is not None and durable:
-            if front:
-                qid = feed.qfront
-                feed.qfront -= 1
-            else:
-                feed.qback += 1
-                qid = feed.qback
-            data = record(spec, parts, feed.name, 0.0, None, redelivered)
-            self.journal.append(("queue+", feed.key, qid, data))
-        entry = (spec, parts, qid, redelivered)
-        if front:
-            feed.queue.appendleft(entry)
-        else:
-            feed.queue.append(entry)
-
-    def _requeue(self, feed: Feed, message: Message) -> None:
-        """Q1: an unacknowledged message goes back to the front of its feed's queue."""
-        entry = (message.spec, message.parts, None, message.redeliveries)
-        self._enqueue(feed, entry, message.durable, front=True)
-
-    def _hand_out(self, feed: Feed, pipe: Pipe) -> None:
-        """Give the pipe the message at the front of the feed's queue."""
-        spec, parts, qid, redelivered = feed.queue.popleft()
-        if qid is not None and self.journal is not None:
-            self.journal.append(("queue-", feed.key, qid))
-        durable = qid is not None or persistent(spec)
-        self._deliver(
-            pipe, spec, parts, feed, self._wall(), durable, content_size(parts), redelivered
-        )
-
-    def _drain(self, feed: Feed) -> None:
-        """F8: hand queued messages to eligible pipes, in order."""
-        while feed.queue and not feed.deleted:
-            join = eligible(feed)
-            if join is None:
-                return
-            self._hand_out(feed, join.pipe)
 
 
 def alive(resource: Watchable) -> None:
