@@ -31,29 +31,23 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
-from collections.abc import Awaitable, Sequence
 from typing import Any
 
-from feeds.model import Feed, Join, Message, Pipe, Slot
-from feeds.selection import matching
-from restms.errors import RestMSError, ServiceUnavailable
-from restms.specs import Duplicate, EmbeddedContent, JoinSpec, MessageSpec, PipeOptions, PipeSpec
+from feeds.model import Message, Pipe
+from restms.errors import RestMSError
+from restms.specs import MessageSpec, PipeSpec
 
 from .amqp_link import Link
 from .amqp_map import Unmappable, render_target, to_amqp
-from .base import Health, Port, backoff
+from .base import Port, backoff
+from .common import IDLE, NoFeed, PipeSide, PublishSide, bridge_pipe_spec, first, owner_of
 from .config import AmqpBridgeConfig
 
 log = logging.getLogger(__name__)
 
-OWNER_PREFIX = "#bridge/"  # principal names never start with "#" (auth.principals.NAME)
-IDLE = 2.0  # seconds between looks at an idle pipe (keeps it from idle collection)
+__all__ = ["AmqpBridge", "owner_of"]
 
-
-def owner_of(name: str) -> str:
-    """The principal an internal bridge pipe belongs to."""
-    return OWNER_PREFIX + name
+Arrival = tuple[int, int]  # (link generation, delivery number)
 
 
 @dataclasses.dataclass(slots=True)
@@ -63,43 +57,27 @@ class _Flight:
     retry: asyncio.TimerHandle | None = None
 
 
-class AmqpBridge:
+class AmqpBridge(PipeSide, PublishSide[Arrival]):
     """One AMQP 1.0 bridge (either direction); see the module docstring."""
 
     def __init__(
         self, config: AmqpBridgeConfig, port: Port, *, configured: bool, max_body: int
     ) -> None:
+        super().__init__(config.name, port, configured=configured)
         self.config = config
-        self._port = port
-        self._configured = configured
-        self.health = Health()
+        self._feed_name = config.feed
+        self._backpressure = config.backpressure
         self._max_size = config.max_message_size or max_body
         self._link: Link | None = None
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
-        self._wake = asyncio.Event()
-        self._stopped = asyncio.Event()
         self._restarts = 0
-        # outbound
-        self.pipe: Pipe | None = None
-        self._join: Join | None = None  # the internal join, once made or found
-        self._after = 0  # highest position handed to the proton thread
-        self._acked = 0  # highest position acknowledged
+        # outbound (positions: PipeSide)
         self._flight: dict[int, _Flight] = {}
         self._resend: list[int] = []
         self._rejected: list[tuple[int, str]] = []
         # inbound
         self._arrivals: list[tuple[int, int, MessageSpec]] = []
         self._holding = 0  # arrivals of the batch being published, not yet settled
-
-    # ------------------------------------------------------------ Bridge interface
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def configured(self) -> bool:
-        return self._configured
 
     async def start(self) -> None:
         self._stopping = False
@@ -120,9 +98,7 @@ class AmqpBridge:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        if self.pipe is not None and not self.pipe.deleted:
-            self._port.engine.pin(self.pipe, False)  # idle from now, unless we come back
-        self.pipe = self._join = None
+        self._close_pipe()  # what was in flight is sent again after a restart
         link, self._link = self._link, None
         if link is not None:
             link.command("stop")
@@ -133,12 +109,10 @@ class AmqpBridge:
                 self.health.state.move("stopping")
             self.health.state.move("stopped")
         self._arrivals.clear()
-        self._after = self._acked  # what was in flight is sent again after a restart
 
     def backlog(self) -> int:
         if self.config.direction == "out":
-            pipe = self.pipe
-            return len(pipe.messages) + pipe.spilled if pipe is not None else 0
+            return self._pipe_backlog()
         return len(self._arrivals) + self._holding
 
     def status(self) -> dict[str, Any]:
@@ -220,51 +194,17 @@ class AmqpBridge:
         self._wake.set()
 
     # ------------------------------------------------------------ outbound
-    def _open_pipe(self) -> None:
-        """Find the bridge's pipe (after a restart) or make it, and keep exactly the
-        configured join on it (a definition edited between runs takes effect)."""
-        join = self._join
-        if join is not None and not join.deleted and join.pipe is self.pipe:
-            return  # the usual case: nothing changed since the last look
-        engine = self._port.engine
-        owner = owner_of(self.name)
-        pipe = self.pipe if self.pipe is not None and not self.pipe.deleted else None
-        if pipe is None:
-            pipe = next(iter(engine.pipes_of(owner)), None)
-        feed = engine.public_feeds.get(self.config.feed)
-        if pipe is None:
-            if feed is None:
-                raise _NoFeed(self.config.feed)
-            options = PipeOptions(
-                durable=True,
-                lease=0,
-                max_messages=self.config.max_messages or None,
-                max_bytes=self.config.max_bytes or None,
-            )
-            pipe = engine.create_pipe(
-                feed.domain, PipeSpec(title=f"bridge {self.name}", options=options), owner
-            )
-        if pipe is not self.pipe:  # a new pipe: positions start again
-            self._forget_flight()
-            self._after = self._acked = 0
-            self.pipe = pipe
-            engine.pin(pipe, True)  # read by this bridge, even while it waits (Q1)
-        wanted = (feed, self.config.address, tuple(sorted(self.config.headers)))
-        self._join = None
-        for join in list(pipe.joins.values()):
-            if join.is_default:
-                continue
-            if (join.feed, join.spec.address, tuple(sorted(join.spec.headers))) == wanted:
-                self._join = join
-            else:
-                engine.delete_join(join)  # of an earlier definition
-        if feed is not None and (self._join is None or self._join.pipe is not pipe):
-            spec = JoinSpec(
-                feed_path=f"/restms/feed/{feed.name}",
-                address=self.config.address,
-                headers=self.config.headers,
-            )
-            self._join, _ = engine.create_join(pipe, spec)
+    def _pipe_spec(self) -> PipeSpec:
+        c = self.config
+        return bridge_pipe_spec(
+            self.name, durable=True, max_messages=c.max_messages, max_bytes=c.max_bytes
+        )
+
+    def _pipe_join(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+        return (self.config.feed, self.config.address, self.config.headers)
+
+    def _pipe_changed(self) -> None:
+        self._forget_flight()
 
     def _forget_flight(self) -> None:
         for flight in self._flight.values():
@@ -278,13 +218,11 @@ class AmqpBridge:
         engine = self._port.engine
         while not self._stopping:
             try:
-                self._open_pipe()
-            except (_NoFeed, RestMSError) as exc:
+                pipe = self._open_pipe()
+            except (NoFeed, RestMSError) as exc:
                 self.health.error(str(exc))
                 await self._sleep(IDLE)
                 continue
-            pipe = self.pipe
-            assert pipe is not None
             await self._port.ensure(pipe)
             self._wake.clear()
             seen = pipe.version
@@ -310,7 +248,7 @@ class AmqpBridge:
             more = pipe.version != seen or self._wake.is_set()
             if not more and not self._resend:
                 room_left = len(self._flight) < self.config.window
-                await _first(self._wake.wait(), *([pipe.changed(IDLE, seen)] if room_left else []))
+                await first(self._wake.wait(), *([pipe.changed(IDLE, seen)] if room_left else []))
 
     def _prepare(self, message: Message) -> tuple[int, str, Any] | None:
         """The proton message for a pipe message; unmappable ones go to dead letters."""
@@ -374,20 +312,8 @@ class AmqpBridge:
             for seq, error in rejected:
                 flight = self._flight.pop(seq, None)
                 if flight is not None:
-                    self._dead_letter(pipe, flight.message, error)
-        upto = (min(self._flight) - 1) if self._flight else self._after
-        if upto > self._acked:
-            await self._port.ack(Slot(pipe, upto))
-            self._acked = upto
-
-    def _dead_letter(self, pipe: Pipe, message: Message, error: str) -> None:
-        why = (("x-bridge", self.name), ("x-bridge-error", error[:1000]))
-        engine = self._port.engine
-        if engine.dead_letter(pipe, message, "rejected", why, feed=self.config.dead_letter):
-            self.health.counters.dead_lettered += 1
-        else:
-            self.health.counters.discarded += 1
-            self.health.error(f"a rejected message was discarded, no dead-letter feed: {error}")
+                    self._dead_letter(pipe, flight.message, error, self.config.dead_letter)
+        await self._ack_upto(pipe, (min(self._flight) - 1) if self._flight else self._after)
 
     # ------------------------------------------------------------ inbound
     async def _inbound(self) -> None:
@@ -399,9 +325,9 @@ class AmqpBridge:
                         await self._wake.wait()
                 continue
             batch, self._arrivals = self._arrivals, []
-            await self._absorb(batch)
+            await self._take_in(batch)
 
-    async def _absorb(self, batch: list[tuple[int, int, MessageSpec]]) -> None:
+    async def _take_in(self, batch: list[tuple[int, int, MessageSpec]]) -> None:
         """Publish a batch of arrivals, then settle them and grant their credit back."""
         link = self._link
         current = link.generation if link is not None else -1
@@ -409,115 +335,23 @@ class AmqpBridge:
         if stale:  # their connection is gone: the broker gives them to us again
             self._settle([(number, "release", "") for number in stale], len(stale))
             batch = [item for item in batch if item[0] == current]
-        attempt = 0
-        while batch and not self._stopping:
-            self._holding = len(batch)
-            feed = self._port.engine.public_feeds.get(self.config.feed)
-            if feed is None:
-                self.health.error(f"no feed named {self.config.feed!r} to publish into")
-                attempt += 1
-                await self._sleep(backoff(attempt, 0.05, 2.0))
-                continue
-            fits, full = self._fitting(feed, batch)
-            if not fits:
-                self.health.counters.throttled += 1
-                # wait (bounded) for a full pipe to change, or for the bridge to stop
-                await _first(self._stopped.wait(), *(p.changed(IDLE, v) for p, v in full.items()))
-                continue
-            part = batch[:fits]
-            try:
-                counts = self._publish(feed, part)
-            except ServiceUnavailable as exc:
-                self.health.error(f"the gateway cannot take messages now: {exc}")
-                attempt += 1
-                await self._sleep(backoff(attempt, 0.05, 2.0))
-                continue
-            if not await self._commit():  # routed, but not yet on disk: never publish twice
-                break
-            attempt = 0
-            self._count(counts)
-            self._settle([(n, "accept", "") for _, n, _ in part], len(part))
-            batch = batch[fits:]
+        self._holding = len(batch)
+        left = await self._absorb(
+            [((generation, number), spec) for generation, number, spec in batch],
+            self._accept,
+            self._refuse,
+        )
         self._holding = 0
-        if batch:  # stopping: give them back (those routed but not committed may repeat)
-            self._settle([(n, "release", "") for _, n, _ in batch], 0)
+        if left:  # stopping: give them back (those routed but not committed may repeat)
+            self._settle([(number, "release", "") for _, number in left], 0)
 
-    async def _commit(self) -> bool:
-        """Commit what was routed, retrying while the store fails; False if stopping."""
-        attempt = 0
-        while not self._stopping:
-            try:
-                await self._port.commit()
-            except ServiceUnavailable as exc:
-                self.health.error(f"cannot commit to the store: {exc}")
-                attempt += 1
-                await self._sleep(backoff(attempt, 0.1, 5.0))
-            else:
-                return True
-        return False
+    def _accept(self, keys: list[Arrival], counts: list[int]) -> None:
+        self._holding -= len(keys)
+        self._settle([(number, "accept", "") for _, number in keys], len(keys))
 
-    def _publish(self, feed: Feed, batch: list[tuple[int, int, MessageSpec]]) -> list[int]:
-        """Publish the batch; a message the engine refuses (not a full gateway) is
-        rejected at the broker alone, the others go on."""
-        engine = self._port.engine
-        owner = owner_of(self.name)
-        try:
-            return engine.publish(feed, [spec for _, _, spec in batch], owner)
-        except ServiceUnavailable:
-            raise
-        except RestMSError:
-            if len(batch) == 1:
-                raise
-        counts: list[int] = []
-        keep: list[tuple[int, int, MessageSpec]] = []
-        for item in batch:
-            try:
-                counts.extend(engine.publish(feed, [item[2]], owner))
-                keep.append(item)
-            except ServiceUnavailable:
-                raise
-            except RestMSError as exc:
-                self.health.counters.refused += 1
-                self.health.error(f"the gateway refused a broker message: {exc}")
-                self._settle([(item[1], "reject", str(exc))], 1)
-        batch[:] = keep
-        return counts
-
-    def _count(self, counts: Sequence[int]) -> None:
-        counters = self.health.counters
-        for count in counts:
-            if isinstance(count, Duplicate):
-                counters.duplicates += 1
-            else:
-                counters.published += 1
-                if count == 0:
-                    counters.unroutable += 1
-
-    def _fitting(
-        self, feed: Feed, batch: list[tuple[int, int, MessageSpec]]
-    ) -> tuple[int, dict[Pipe, int]]:
-        """With ``backpressure = "wait"``: how many leading messages of the batch every
-        pipe they reach can hold together (Q2 would skip a full pipe: a lost message),
-        and, when it is none, the full pipes to wait for."""
-        if self.config.backpressure != "wait" or feed.type in ("rotator", "service"):
-            return len(batch), {}  # queueing feeds answer 503 themselves when full
-        used: dict[Pipe, list[int]] = {}
-        for index, (_, _, spec) in enumerate(batch):
-            size = sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
-            pipes = {join.pipe for join in matching(feed, spec)}
-            for pipe in pipes:
-                if pipe.overflow != "skip" or size > pipe.max_bytes:
-                    continue  # reject answers 503; drop-oldest and too big are policy
-                count, total = used.get(pipe, (0, 0))
-                if (
-                    len(pipe.messages) + pipe.spilled + count + 1 > pipe.max_messages
-                    or pipe.bytes + pipe.spilled_bytes + total + size > pipe.max_bytes
-                ):
-                    return index, ({} if index else {pipe: pipe.version})
-            for pipe in pipes:
-                count, total = used.get(pipe, (0, 0))
-                used[pipe] = [count + 1, total + size]
-        return len(batch), {}
+    def _refuse(self, key: Arrival, reason: str) -> None:
+        self._holding -= 1
+        self._settle([(key[1], "reject", reason)], 1)
 
     def _settle(self, decisions: list[tuple[int, str, str]], credit: int) -> None:
         link = self._link
@@ -528,25 +362,3 @@ class AmqpBridge:
         link.command("settle", decisions)
         if credit:
             link.command("credit", credit)
-
-    # ------------------------------------------------------------ helpers
-    async def _sleep(self, seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while not self._stopping and time.monotonic() < deadline:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(deadline - time.monotonic()):
-                    await self._wake.wait()
-
-
-class _NoFeed(Exception):
-    def __init__(self, name: str) -> None:
-        super().__init__(f"no feed named {name!r} to bridge")
-
-
-async def _first(*waits: Awaitable[Any]) -> None:
-    """Wait until the first of these is done, or ``IDLE`` seconds; cancel the others."""
-    futures = [asyncio.ensure_future(w) for w in waits]
-    _, undone = await asyncio.wait(futures, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED)
-    for future in undone:
-        future.cancel()
