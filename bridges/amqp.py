@@ -34,13 +34,12 @@ import logging
 from typing import Any
 
 from feeds.model import Message, Pipe
-from restms.errors import RestMSError
 from restms.specs import MessageSpec, PipeSpec
 
 from .amqp_link import Link
 from .amqp_map import Unmappable, render_target, to_amqp
-from .base import Port, backoff
-from .common import IDLE, NoFeed, PipeSide, PublishSide, bridge_pipe_spec, first, owner_of
+from .base import Counters, Port, backoff
+from .common import IDLE, PipeSide, PublishSide, bridge_pipe_spec, first, owner_of
 from .config import AmqpBridgeConfig
 
 log = logging.getLogger(__name__)
@@ -63,7 +62,8 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     def __init__(
         self, config: AmqpBridgeConfig, port: Port, *, configured: bool, max_body: int
     ) -> None:
-        super().__init__(config.name, port, configured=configured)
+        self.counters = Counters()
+        super().__init__(config.name, port, configured=configured, counters=self.counters)
         self.config = config
         self._feed_name = config.feed
         self._backpressure = config.backpressure
@@ -140,7 +140,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
 
     def _events(self, batch: list[tuple[Any, ...]]) -> None:
         """Events from the proton thread (called on the loop)."""
-        counters = self.health.counters
+        counters = self.counters
         for event in batch:
             kind = event[0]
             if kind == "outcome":
@@ -171,9 +171,9 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         if state == "stopped" and health.state.name not in ("stopping", "stopped"):
             health.state.move("stopping")
         if state == "up":
-            health.counters.connects += 1
+            self.counters.connects += 1
         if state == "retrying" and health.state.name == "up":
-            health.counters.disconnects += 1
+            self.counters.disconnects += 1
         health.state.move(state)
         if url:
             health.url = url
@@ -217,13 +217,9 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     async def _outbound(self) -> None:
         engine = self._port.engine
         while not self._stopping:
-            try:
-                pipe = self._open_pipe()
-            except (NoFeed, RestMSError) as exc:
-                self.health.error(str(exc))
-                await self._sleep(IDLE)
+            pipe = await self._ready_pipe()
+            if pipe is None:
                 continue
-            await self._port.ensure(pipe)
             self._wake.clear()
             seen = pipe.version
             batch = self._take_resends()
@@ -256,7 +252,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
             amqp = to_amqp(message.spec, message.parts)
             target = render_target(self.config.target, message.spec.address)
         except (Unmappable, ValueError) as exc:
-            self.health.counters.unmappable += 1
+            self.counters.unmappable += 1
             self._rejected.append((message.seq, f"cannot be sent over AMQP 1.0: {exc}"))
             self._flight[message.seq] = _Flight(message)
             return None
@@ -277,7 +273,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         flight = self._flight.get(seq)
         if flight is None:
             return
-        counters = self.health.counters
+        counters = self.counters
         if outcome == "accepted":
             counters.accepted += 1
             del self._flight[seq]
@@ -301,7 +297,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         if flight is None or self._stopping:
             return
         flight.retry = None
-        self.health.counters.retried += 1
+        self.counters.retried += 1
         self._resend.append(seq)
         self._wake.set()
 
@@ -358,7 +354,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         if link is None:
             return
         if any(outcome == "release" for _, outcome, _ in decisions):
-            self.health.counters.given_back += sum(o == "release" for _, o, _ in decisions)
+            self.counters.given_back += sum(o == "release" for _, o, _ in decisions)
         link.command("settle", decisions)
         if credit:
             link.command("credit", credit)

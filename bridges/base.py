@@ -69,29 +69,51 @@ def backoff(attempt: int, low: float, high: float) -> float:
 
 
 @dataclass(slots=True)
-class Counters:
-    """What a bridge has done since it started; shown in its status."""
+class CoreCounters:
+    """What every bridge counts since it started; shown in its status."""
 
     connects: int = 0
     disconnects: int = 0
     # outbound (gateway -> far side)
     sent: int = 0
-    accepted: int = 0
-    released: int = 0
-    modified: int = 0
-    rejected: int = 0
-    retried: int = 0
     dead_lettered: int = 0
-    discarded: int = 0  # rejected, and no dead-letter feed would take it
+    discarded: int = 0  # could not be sent, and no dead-letter feed would take it
     unmappable: int = 0
     # inbound (far side -> gateway)
     received: int = 0
     published: int = 0
     unroutable: int = 0  # published but no join took it
     duplicates: int = 0  # absorbed by the feed's message_id window
-    refused: int = 0  # could not become a gateway message: rejected at the far side
-    throttled: int = 0  # times the gateway held credit back because a pipe was full
+    refused: int = 0  # could not become a gateway message
+    throttled: int = 0  # times the gateway stopped taking messages because a pipe was full
+
+
+@dataclass(slots=True)
+class Counters(CoreCounters):
+    """An AMQP 1.0 bridge's counters: settlement outcomes and credit."""
+
+    accepted: int = 0
+    released: int = 0
+    modified: int = 0
+    rejected: int = 0
+    retried: int = 0
     given_back: int = 0  # released to the far side (shutdown, error, stale link)
+
+
+@dataclass(slots=True)
+class ZmqCounters(CoreCounters):
+    """A ZeroMQ bridge's counters: high-water marks, bad frames, requests."""
+
+    dropped: int = 0  # at the send high-water mark with at_hwm = "drop"
+    blocked: int = 0  # times a send waited at the high-water mark (at_hwm = "block")
+    malformed: int = 0  # multipart messages that were not messages (dropped, logged)
+    requests: int = 0  # request/reply: requests taken
+    replies: int = 0  # request/reply: replies delivered to their requester
+    timeouts: int = 0  # requests answered with a timeout error
+    late: int = 0  # replies that came after their request timed out (dropped)
+    uncorrelated: int = 0  # replies that matched no request (dropped)
+    lost_peers: int = 0  # replies whose requester had gone (dropped)
+    handshake_failures: int = 0  # peers refused by CURVE
 
 
 @dataclass(slots=True)
@@ -102,7 +124,7 @@ class Health:
     url: str = ""  # the URL in use (redacted)
     last_error: str = ""
     last_error_at: float = 0.0
-    counters: Counters = field(default_factory=Counters)
+    counters: CoreCounters = field(default_factory=Counters)
 
     def error(self, text: str) -> None:
         self.last_error = text

@@ -27,7 +27,7 @@ from feeds.selection import matching
 from restms.errors import RestMSError, ServiceUnavailable
 from restms.specs import Duplicate, EmbeddedContent, JoinSpec, MessageSpec, PipeOptions, PipeSpec
 
-from .base import Health, Port, backoff
+from .base import CoreCounters, Health, Port, backoff
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ async def first(*waits: Awaitable[Any]) -> None:
 class BridgeCore:
     """Name, health and the stop/wake signals of one bridge."""
 
-    def __init__(self, name: str, port: Port, *, configured: bool) -> None:
+    def __init__(self, name: str, port: Port, *, configured: bool, counters: CoreCounters) -> None:
         self._name = name
         self._port = port
         self._configured = configured
-        self.health = Health()
+        self.health = Health(counters=counters)
         self._stopping = False
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -92,8 +92,8 @@ class PipeSide(BridgeCore):
     pipe that only has its default join (a reply pipe, read by its name).
     """
 
-    def __init__(self, name: str, port: Port, *, configured: bool) -> None:
-        super().__init__(name, port, configured=configured)
+    def __init__(self, name: str, port: Port, *, configured: bool, counters: CoreCounters) -> None:
+        super().__init__(name, port, configured=configured, counters=counters)
         self.pipe: Pipe | None = None
         self._join: Join | None = None  # the internal join, once made or found
         self._after = 0  # highest position taken from the pipe
@@ -151,6 +151,18 @@ class PipeSide(BridgeCore):
                 headers=wanted_join[2],
             )
             self._join, _ = engine.create_join(pipe, spec)
+        return pipe
+
+    async def _ready_pipe(self) -> Pipe | None:
+        """The pipe, opened and with its spilled messages read back; None (after a
+        pause, the reason in the status) when it cannot be had now."""
+        try:
+            pipe = self._open_pipe()
+        except (NoFeed, RestMSError) as exc:
+            self.health.error(str(exc))
+            await self._sleep(IDLE)
+            return None
+        await self._port.ensure(pipe)
         return pipe
 
     def _close_pipe(self) -> None:

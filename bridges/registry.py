@@ -17,13 +17,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import zmq.asyncio
+
 from restms.errors import BadRequest, Conflict, Forbidden, NotFound
 
-from .amqp import AmqpBridge, owner_of
+from .amqp import AmqpBridge
 from .base import Port
-from .config import BridgeConfig, parse
+from .common import owner_of
+from .config import AmqpBridgeConfig, BridgeConfig, ZmqBridgeConfig, parse
+from .zeromq import ZapGate, ZmqBridge
+from .zmq_rpc import DealerBridge, RouterBridge
 
 log = logging.getLogger(__name__)
+
+AnyBridge = AmqpBridge | ZmqBridge
 
 
 class Registry:
@@ -41,7 +48,9 @@ class Registry:
         self._configured = tuple(configured)
         self._state_file = state_file
         self._max_body = max_body
-        self._bridges: dict[str, AmqpBridge] = {}
+        self._bridges: dict[str, AnyBridge] = {}
+        self._zmq: zmq.asyncio.Context | None = None  # one for every ZeroMQ bridge (inproc)
+        self._zap: ZapGate | None = None
         self._lock = asyncio.Lock()
         names = [c.name for c in self._configured]
         if len(set(names)) != len(names):
@@ -50,7 +59,7 @@ class Registry:
     def __iter__(self) -> Any:
         return iter(list(self._bridges.values()))
 
-    def get(self, name: str) -> AmqpBridge:
+    def get(self, name: str) -> AnyBridge:
         bridge = self._bridges.get(name)
         if bridge is None:
             raise NotFound(f"no bridge named {name!r}")
@@ -77,9 +86,32 @@ class Registry:
             except Exception:  # one bridge's failure must not keep the others running
                 log.exception("bridge %s did not stop cleanly", bridge.name)
         self._bridges.clear()
+        if self._zap is not None:
+            self._zap.stop()
+        if self._zmq is not None:
+            # every socket is closed; term() waits for their linger, so not on the loop
+            await asyncio.to_thread(self._zmq.term)
+            self._zmq = self._zap = None
 
-    async def _start(self, config: BridgeConfig, *, configured: bool) -> AmqpBridge:
-        bridge = AmqpBridge(config, self._port, configured=configured, max_body=self._max_body)
+    def _make(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
+        if isinstance(config, AmqpBridgeConfig):
+            return AmqpBridge(config, self._port, configured=configured, max_body=self._max_body)
+        if self._zmq is None:
+            self._zmq = zmq.asyncio.Context()
+            self._zap = ZapGate(self._zmq)
+        assert self._zap is not None
+        kind = {"router": RouterBridge, "dealer": DealerBridge}.get(config.socket, ZmqBridge)
+        return kind(
+            config,
+            self._port,
+            configured=configured,
+            max_body=self._max_body,
+            context=self._zmq,
+            zap=self._zap,
+        )
+
+    async def _start(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
+        bridge = self._make(config, configured=configured)
         self._bridges[config.name] = bridge
         await bridge.start()
         log.info(
@@ -92,7 +124,7 @@ class Registry:
         return bridge
 
     # ------------------------------------------------------------ run-time changes
-    async def create(self, config: BridgeConfig) -> tuple[AmqpBridge, bool]:
+    async def create(self, config: BridgeConfig) -> tuple[AnyBridge, bool]:
         """A new bridge (created True), or the same definition again (created False)."""
         async with self._lock:
             existing = self._bridges.get(config.name)
@@ -111,9 +143,24 @@ class Registry:
             dead = config.dead_letter
             if dead and dead not in engine.public_feeds:
                 raise BadRequest(f"no feed named {dead!r} for dead letters")
+            if isinstance(config, ZmqBridgeConfig):
+                if config.socket == "dealer" and config.reply_feed not in engine.public_feeds:
+                    raise BadRequest(f"no feed named {config.reply_feed!r} for replies")
+                self._check_endpoints(config)
             bridge = await self._start(config, configured=False)
             await self._save()
             return bridge, True
+
+    def _check_endpoints(self, config: ZmqBridgeConfig) -> None:
+        """409 for an endpoint another ZeroMQ bridge of this gateway binds."""
+        if not config.bind:
+            return
+        for other in self._bridges.values():
+            if isinstance(other, ZmqBridge) and other.config.bind:
+                shared = set(config.endpoints) & set(other.config.endpoints)
+                shared.discard("")
+                if any("*" not in endpoint for endpoint in shared):
+                    raise Conflict(f"bridge {other.name!r} binds {', '.join(sorted(shared))}")
 
     async def delete(self, name: str, *, discard: bool) -> int:
         """Stop and forget a run-time bridge; returns how many waiting messages went

@@ -232,16 +232,16 @@ async def test_create_get_and_list_show_status_without_secrets(
 
 # ---------------------------------------------------------------- validation
 BAD: list[tuple[Any, str]] = [
-    ({**outbound(), "colour": "red"}, "unknown bridge keys: colour"),
-    ({"name": "x"}, "a bridge needs direction, urls, feed"),
+    ({**outbound(), "colour": "red"}, "unknown amqp bridge keys: colour"),
+    ({"name": "x"}, "an amqp bridge needs direction, urls, feed"),
     (outbound(urls=["http://127.0.0.1:1"]), "is not an amqp:// or amqps:// URL"),
     (outbound(urls=["amqp://u:pw@:5672"]), "amqp://u:***@:5672 is not an amqp:// or amqps://"),
     (outbound(urls=["amqp://127.0.0.1:99999"]), "amqp://127.0.0.1:99999 has a bad port"),
     (outbound(urls=["amqp://u:pw@127.0.0.1:99999"]), "amqp://u:***@127.0.0.1:99999 has a bad port"),
     (outbound(urls=[]), "urls must name at least one broker"),
-    (outbound(urls=5), "urls must be a list of URLs"),
+    (outbound(urls=5), "urls must be a list of strings"),
     (outbound(direction="sideways"), "direction must be out or in, not 'sideways'"),
-    (outbound(kind="zmq"), "unknown kind 'zmq'"),
+    (outbound(kind="zmq"), "unknown bridge kind 'zmq'"),
     (outbound(target=""), "an outbound bridge needs a target"),
     ({k: v for k, v in outbound().items() if k != "target"}, "an outbound bridge needs a target"),
     ({k: v for k, v in inbound().items() if k != "source"}, "an inbound bridge needs a source"),
