@@ -19,9 +19,8 @@ import orjson
 from aiohttp import web
 
 from auth import Principal
-from bridges.amqp import AmqpBridge
 from bridges.config import parse
-from bridges.registry import Registry
+from bridges.registry import AnyBridge, Registry
 from feeds.engine import Engine
 from feeds.model import Pipe, Slot
 from restms.errors import (
@@ -140,7 +139,7 @@ async def create_bridge(request: web.Request) -> web.Response:
     return _json(bridge.status(), 201 if created else 200, location)
 
 
-def _visible_bridge(request: web.Request) -> AmqpBridge:
+def _visible_bridge(request: web.Request) -> AnyBridge:
     """The bridge the path names; to an admin of other feeds it is absent (the same 404
     as for a name never used)."""
     principal = _need_some_admin(request)
