@@ -37,7 +37,7 @@ import logging
 import time
 from collections.abc import Coroutine
 from itertools import islice
-from typing import Any
+from typing import Any, cast
 
 import zmq
 import zmq.asyncio
@@ -346,6 +346,15 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
             return False
         return True
 
+    def _touched(self) -> None:
+        """Call after operations on the shadow socket. ZeroMQ signals readiness on an
+        edge-triggered descriptor; an operation that bypasses ``zmq.asyncio`` may take
+        the signal a waiting future needs, so have pyzmq look at the socket's events
+        again, as its own non-blocking short cut does."""
+        sock = self._socket
+        if sock is not None and not sock.closed:
+            cast(Any, sock)._schedule_remaining_events()  # pyzmq pinned; a test shows it
+
     async def _writable(self) -> None:
         """Wait (bounded) until the socket can take a message, or the bridge stops."""
         sock = self._socket
@@ -378,6 +387,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
                     break  # stopping
                 self._after = message.seq
                 done += 1
+            self._touched()
             before = pipe.version
             await self._ack_upto(pipe, self._after)
             if seen == before and pipe.version == before + 1:
@@ -433,6 +443,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
                 batch.append(sync.recv_multipart(zmq.NOBLOCK))
             except zmq.Again:
                 break
+        self._touched()
         self.counters.received += len(batch)
         return batch
 

@@ -44,6 +44,7 @@ from .zmq_wire import Malformed, decode, encode, error_frames
 
 log = logging.getLogger(__name__)
 
+MAX_ROUTE = 8  # frames a request's routing envelope may have (REQ ids, proxies)
 REMEMBERED = 10_000  # timed-out request ids kept to tell late replies from strays
 _ORDER = {name: index for index, name in enumerate(MESSAGE_PROPERTIES)}
 
@@ -137,10 +138,12 @@ class RouterBridge(ZmqBridge):
 
     def _request(self, frames: list[bytes], reply_pipe: str) -> tuple[str, MessageSpec] | None:
         """The request a peer sent, now pending; or None (an error reply went back)."""
-        route, rest = frames[:1], frames[1:]
-        if rest and not rest[0]:
-            route.append(b"")  # a REQ peer (or a DEALER acting as one)
-            rest = rest[1:]
+        cut = 1  # the peer's identity; with a REQ peer, its envelope up to the "" too
+        for index in range(1, min(len(frames) - 1, MAX_ROUTE + 1)):
+            if not frames[index]:
+                cut = index + 1
+                break
+        route, rest = frames[:cut], frames[cut:]
         try:
             spec = decode(
                 rest, default_address=self.config.default_address, max_size=self._max_size
@@ -187,6 +190,7 @@ class RouterBridge(ZmqBridge):
             asked.timer.cancel()
         self._room.set()
         self._reply(asked.route, error_frames(asked.address, asked.client_id, error))
+        self._touched()
 
     def _reply(self, route: list[bytes], frames: list[bytes]) -> None:
         """Send to the peer behind ``route``; a gone peer or a full queue is counted."""
@@ -238,6 +242,7 @@ class RouterBridge(ZmqBridge):
                     frames = error_frames(asked.address, asked.client_id, error)
                 self._reply(asked.route, frames)
                 counters.replies += 1
+            self._touched()
             before = pipe.version
             await self._ack_upto(pipe, self._after)
             if seen == before and pipe.version == before + 1:
@@ -339,10 +344,11 @@ class DealerBridge(ZmqBridge):
                     self._unsent.popleft()
                     self._finish(seq, None, "no ZeroMQ worker could take the request (dropped)")
                     continue
-                return
+                break  # the high-water mark, or no worker: wait for room
             self._unsent.popleft()
             job.sent = True
             self.counters.sent += 1
+        self._touched()
 
     async def _reply_loop(self) -> None:
         """Take the workers' replies and queue them for their requesters."""

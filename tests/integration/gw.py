@@ -38,7 +38,9 @@ async def gateway(make_gateway: MakeGateway, *bridges: dict[str, Any], **more: A
 
 
 def bridge(gw: Gateway, name: str) -> AmqpBridge:
-    return gw.app[BRIDGES].get(name)
+    found = gw.app[BRIDGES].get(name)
+    assert isinstance(found, AmqpBridge)
+    return found
 
 
 async def until(check: Any, timeout: float, what: str) -> None:
