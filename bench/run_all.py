@@ -4,11 +4,13 @@
     bench/run --quick          # a short smoke run of everything
     bench/run --only auth      # one section (here benchmark 8)
     bench/run --only amqp      # benchmark 9: the AMQP 1.0 bridge (needs RabbitMQ)
+    bench/run --only zeromq    # benchmark 10: the ZeroMQ bridge
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
 generator on the same machine; benchmark 8's baseline is the same gateway answering
-guest requests, benchmark 9's a raw asynchronous proton client on the same broker.
+guest requests, benchmark 9's a raw asynchronous proton client on the same broker,
+benchmark 10's raw pyzmq PUSH -> PULL between two processes.
 Raw per-round results go to bench/results/results-<time>.json (and latest.json). All
 servers and clients are started here on 127.0.0.1 and stopped on every exit path.
 """
@@ -26,7 +28,15 @@ import traceback
 from datetime import UTC, datetime
 from typing import Any
 
-from bench import amqp_bridge, asynclets, auth_cost, backlog, latency, throughput
+from bench import (
+    amqp_bridge,
+    asynclets,
+    auth_cost,
+    backlog,
+    latency,
+    throughput,
+    zeromq_bridge,
+)
 from bench.common import RESULTS, log, machine, median, start, stop_all
 
 # Benchmarks 1-3 measure the publish path: pipes may grow without bound and nothing
@@ -85,6 +95,10 @@ def section_auth(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_amqp(args: argparse.Namespace) -> dict[str, Any]:
     return amqp_bridge.run(args.rounds, args.amqp_count, memory_round=not args.quick)
+
+
+def section_zeromq(args: argparse.Namespace) -> dict[str, Any]:
+    return zeromq_bridge.run(args.rounds, args.zmq_count)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -154,6 +168,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             )
     rows.extend(_auth_rows(results.get("auth", {})))
     rows.extend(_amqp_rows(results.get("amqp", {})))
+    rows.extend(_zeromq_rows(results.get("zeromq", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -239,6 +254,40 @@ def _amqp_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "ratio": ratio,
                 "target": f">= {amqp_bridge.TARGET:.0%} of raw",
                 "pass": ratio >= amqp_bridge.TARGET,
+            }
+        )
+    return rows
+
+
+def _zeromq_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 10; its ratio is the median of per-round ratios, not a ratio of medians."""
+    if not data.get("rounds"):
+        return []
+    raw3, raw1 = data["raw3_median"], data["raw1_median"]
+    rows: list[dict[str, Any]] = [
+        {
+            "benchmark": "10. raw pyzmq PUSH -> PULL, 1 frame (baseline: the same, 3 frames)",
+            "unit": "msg/s",
+            "gateway": raw1,
+            "bare": raw3,
+            "ratio": raw1 / raw3 if raw1 and raw3 else None,
+            "target": "(none)",
+            "pass": None,
+        }
+    ]
+    for path, label in (
+        ("b", "B: PUSH -> pull -> feed -> push -> PULL"),
+        ("a", "A: PUSH -> pull -> feed -> pub -> SUB"),
+    ):
+        rows.append(
+            {
+                "benchmark": f"10. ZeroMQ bridge, {label}, 1 KiB (baseline: raw, 3 frames)",
+                "unit": "msg/s",
+                "gateway": data[f"{path}_median"],
+                "bare": raw3,
+                "ratio": data[f"{path}_ratio"],
+                "target": f">= {zeromq_bridge.TARGET:.0%} of raw, none lost",
+                "pass": data[f"{path}_pass"],
             }
         )
     return rows
@@ -340,6 +389,17 @@ def print_notes(results: dict[str, Any]) -> None:
                 f"{r['in_ratio']:.3f}; gateway CPU-us/msg out "
                 f"{o['gateway_cpu_us_per_msg']:.0f}, in {i['gateway_cpu_us_per_msg']:.0f}"
             )
+    zmq = results.get("zeromq", {})
+    for r in zmq.get("rounds", []):
+        runs = r["runs"]
+        print(
+            f"  zeromq round {r['round'] + 1}: raw 3 frames {runs['raw3']['msg_per_s']:,.0f}, "
+            f"1 frame {runs['raw1']['msg_per_s']:,.0f} msg/s; B {runs['b']['msg_per_s']:,.0f} "
+            f"= {r['ratios']['b']:.3f} ({runs['b']['gateway_cpu_us_per_msg']:.0f} gateway "
+            f"CPU-us/msg); A {runs['a']['msg_per_s']:,.0f} = {r['ratios']['a']:.3f} "
+            f"({runs['a']['gateway_cpu_us_per_msg']:.0f} CPU-us/msg); lost, repeated or bad: "
+            + (", ".join(f"{k}: {'; '.join(v)}" for k, v in r["problems"].items()) or "none")
+        )
     authn = results.get("auth", {})
     for variant in auth_cost.VARIANTS if authn.get(auth_cost.BASELINE) else ():
         runs = authn[variant]
@@ -386,10 +446,11 @@ def main() -> int:
     parser.add_argument("--backlog-pipes", type=int, default=100, help="pipes they wait in")
     parser.add_argument("--backlog-rounds", type=int, default=1, help="rounds for 6-7")
     parser.add_argument("--amqp-count", type=int, default=20_000, help="messages per run, #9")
+    parser.add_argument("--zmq-count", type=int, default=100_000, help="messages per run, #10")
     parser.add_argument(
         "--only",
         nargs="*",
-        choices=["throughput", "latency", "asynclets", "backlog", "auth", "amqp"],
+        choices=["throughput", "latency", "asynclets", "backlog", "auth", "amqp", "zeromq"],
         default=None,
     )
     parser.add_argument("--quick", action="store_true", help="1 round, short runs")
@@ -399,6 +460,7 @@ def main() -> int:
         args.rss_rounds, args.asynclets = 1, min(args.asynclets, 2000)
         args.backlog = min(args.backlog, 100_000)
         args.amqp_count = min(args.amqp_count, 5_000)
+        args.zmq_count = min(args.zmq_count, 20_000)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -417,6 +479,7 @@ def main() -> int:
         "backlog": section_backlog,
         "auth": section_auth,
         "amqp": section_amqp,
+        "zeromq": section_zeromq,
     }
     t0 = time.monotonic()
     try:
