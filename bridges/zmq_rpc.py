@@ -39,7 +39,7 @@ from restms.specs import MESSAGE_PROPERTIES, EmbeddedContent, MessageSpec, PipeS
 
 from .amqp_map import Unmappable
 from .common import IDLE, bridge_pipe_spec, first
-from .zeromq import ZmqBridge, nothing
+from .zeromq import ZmqBridge, nothing, send_now
 from .zmq_wire import Malformed, decode, encode, error_frames
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,7 @@ class RouterBridge(ZmqBridge):
         if sync is None:
             return
         try:
-            sync.send_multipart([*route, *frames], zmq.NOBLOCK)
+            send_now(sync, [*route, *frames])
         except zmq.Again:
             self.counters.dropped += 1
             self.health.error("a requester's queue was full (sndhwm): its reply was dropped")

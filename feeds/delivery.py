@@ -329,14 +329,16 @@ class Delivery(Core):
         pipe = slot.pipe
         if pipe.deleted or slot.seq >= pipe.next_seq:
             return 0
-        removed = 0
-        messages = pipe.messages
-        while messages:
-            oldest = next(iter(messages))
-            if oldest > slot.seq:
+        # One pass over the positions, then the removals: looking up the oldest again
+        # after each removal walks the dict's deleted slots each time (quadratic).
+        gone = []
+        for seq in pipe.messages:
+            if seq > slot.seq:
                 break
-            self._unhold(pipe, oldest)
-            removed += 1
+            gone.append(seq)
+        for seq in gone:
+            self._unhold(pipe, seq)
+        removed = len(gone)
         if removed:
             self.counters.acknowledged += removed
             if self.journal is not None:
