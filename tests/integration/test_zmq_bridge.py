@@ -476,3 +476,70 @@ async def test_admin_resource_creates_shows_and_deletes_a_zeromq_bridge(
             assert r.status == 200, await r.text()
     async with gw.http.get(location, headers=admin) as r:
         assert r.status == 404
+
+
+# ---------------------------------------------------------------- endpoints, linger, peer loss
+async def test_ipc_and_inproc_endpoints_carry_messages(
+    make_gateway: MakeGateway, peers: Peers, tmp_path: Any
+) -> None:
+    ipc = f"ipc://{tmp_path}/in.sock"
+    gw = await gateway(
+        make_gateway,
+        zmq_bridge("ipc-in", "pull", "incoming", endpoints=[ipc]),
+        zmq_bridge("loop-out", "push", "orders", address="#", endpoints=["inproc://loop"]),
+        zmq_bridge("loop-in", "pull", "results", endpoints=["inproc://loop"], bind=False),
+    )
+    incoming, results = await new_pipe(gw, "incoming"), await new_pipe(gw, "results")
+    pusher = await peers.start("push", "--endpoint", ipc)
+    await pusher.send({"op": "send", "frames": b64([b"over.ipc", b"hello"])})
+    [message] = await take(gw, incoming, 1)
+    assert (message["address"], content_bytes(message)) == ("over.ipc", b"hello")
+    # one feed to another through two bridges of the same gateway (one ZeroMQ context)
+    await publish(gw, "orders", {"address": "round.trip", "message_id": "rt",
+                                 "content": [text("inside")]})  # fmt: skip
+    [message] = await take(gw, results, 1)
+    assert (message["message_id"], content_bytes(message)) == ("rt", b"inside")
+
+
+async def test_a_stopped_push_bridge_lingers_until_its_queue_is_delivered(
+    make_gateway: MakeGateway, peers: Peers
+) -> None:
+    gw = await gateway(make_gateway, zmq_bridge("fan", "push", "work", linger=20.0))
+    worker = await peers.start(
+        "pull", "--endpoint", endpoint(gw, "fan"), "--rcvhwm", "5", "--slow", "0.01"
+    )
+    await peers_of(gw, "fan", 1)
+    big = "x" * 60_000  # 200 of these are more than the socket buffers hold
+    for start in range(0, 200, 10):  # 600 kB a request
+        batch = range(start, start + 10)
+        await publish(gw, "work", *({"address": "a", "message_id": f"l{i}",
+                                     "content": [text(big)]} for i in batch))  # fmt: skip
+    await until(lambda: zb(gw, "fan").counters.sent == 200, 20, "200 taken by the socket")
+    assert (await worker.stats())["received"] < 200  # still queued in ZeroMQ
+    await zb(gw, "fan").stop()  # as at shutdown: the socket closes, its linger starts
+    got = await worker.received(200, timeout=30)
+    assert [envelope(f)["p"]["message_id"] for f in got] == [f"l{i}" for i in range(200)]
+
+
+async def test_a_reply_to_a_requester_that_has_gone_is_counted_not_fatal(
+    make_gateway: MakeGateway, peers: Peers
+) -> None:
+    gw = await gateway(make_gateway, zmq_bridge("rpc", "router", "requests"))
+    service = await new_pipe(gw, "requests")
+    leaving = await peers.start("req", "--endpoint", endpoint(gw, "rpc"))
+    ask = [b"calc", b'{"v":1,"p":{"message_id":"bye"}}', b"?"]
+    await leaving.send({"op": "request", "frames": b64(ask), "timeout": 10})
+    [request] = await take(gw, service, 1)
+    await leaving.kill()
+    await until(lambda: zb(gw, "rpc").peers == 0, 10, "the requester gone")
+    await publish(gw, "default", {"address": request["reply_to"],
+                                  "correlation_id": request["message_id"]})  # fmt: skip
+    await until(lambda: zb(gw, "rpc").counters.lost_peers == 1, 10, "a lost peer")
+    assert "went away" in zb(gw, "rpc").health.last_error
+    # the next requester is served as usual
+    staying = await peers.start("req", "--endpoint", endpoint(gw, "rpc"))
+    serving = asyncio.create_task(http_service(gw, service, 1))
+    await staying.send({"op": "request", "frames": b64(ask), "timeout": 10})
+    frames = unb64((await staying.event("reply", 15))["frames"])
+    await serving
+    assert (envelope(frames)["p"], frames[2]) == ({"correlation_id": "bye"}, b"ok:?")
