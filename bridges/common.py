@@ -22,6 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from feeds.config import DEFAULT_DOMAIN
 from feeds.model import Feed, Join, Pipe, Slot
 from feeds.selection import matching
 from restms.errors import RestMSError, ServiceUnavailable
@@ -106,6 +107,10 @@ class PipeSide(BridgeCore):
     def _pipe_join(self) -> tuple[str, str, tuple[tuple[str, str], ...]] | None:
         raise NotImplementedError
 
+    def _pipe_home(self) -> str:
+        """The feed whose domain a pipe without a join is made in ("": the default)."""
+        return ""
+
     def _pipe_changed(self) -> None:
         """Called when the bridge's pipe is a different one: positions start again."""
 
@@ -127,7 +132,8 @@ class PipeSide(BridgeCore):
         if pipe is None:
             if wanted_join is not None and feed is None:
                 raise NoFeed(wanted_join[0])
-            domain = feed.domain if feed is not None else engine.domain("default")
+            home = feed or engine.public_feeds.get(self._pipe_home())
+            domain = home.domain if home is not None else engine.domain(DEFAULT_DOMAIN)
             pipe = engine.create_pipe(domain, self._pipe_spec(), owner_of(self.name))
         if pipe is not self.pipe:
             self._pipe_changed()

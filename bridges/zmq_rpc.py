@@ -117,6 +117,9 @@ class RouterBridge(ZmqBridge):
     def _pipe_join(self) -> None:
         return None  # replies come by the pipe's name, on the default feed
 
+    def _pipe_home(self) -> str:
+        return self.config.feed  # the reply pipe lives in the requests feed's domain
+
     async def _request_loop(self) -> None:
         counters = self.counters
         while not self._stopping:
@@ -396,6 +399,7 @@ class DealerBridge(ZmqBridge):
         if job.timer is not None:
             job.timer.cancel()
             job.timer = None
+        job.sent = True  # answered or given up: never sent (again) from now
         self._by_id.pop(job.request_id, None)
         request = job.message.spec
         reply_to = request.prop("reply_to") or ""
