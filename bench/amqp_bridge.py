@@ -51,8 +51,10 @@ from bench import rest
 from bench.common import (
     JSON,
     XML,
+    BenchError,
     Server,
     cpu_seconds,
+    json_reply,
     log,
     machine_busy,
     median,
@@ -78,10 +80,6 @@ OUT_FEED = "bench-amqp-out"
 IN_FEED = "bench-amqp-in"
 ADDRESS = "bench.amqp"
 GUEST_SCOPES = "restms:read restms:publish restms:subscribe restms:admin"
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 # ---------------------------------------------------------------- raw proton clients
@@ -314,28 +312,21 @@ class Queues:
 
 
 # ---------------------------------------------------------------- the gateway side
-async def _json(reply: aiohttp.ClientResponse, expect: tuple[int, ...]) -> Any:
-    body = await reply.read()
-    if reply.status not in expect:
-        raise BenchError(f"{reply.method} {reply.url} -> {reply.status}: {body[:300]!r}")
-    return await reply.json(content_type=None) if body else None
-
-
 async def bridge_status(http: aiohttp.ClientSession, base: str, name: str) -> dict[str, Any]:
     async with http.get(f"{base}/admin/bridges/{name}") as reply:
-        status: dict[str, Any] = await _json(reply, (200,))
+        status: dict[str, Any] = await json_reply(reply, (200,))
         return status
 
 
 async def create_bridge(http: aiohttp.ClientSession, base: str, **definition: Any) -> None:
     definition = {"urls": [AMQP_URL], **definition}
     async with http.post(f"{base}/admin/bridges", json=definition) as reply:
-        await _json(reply, (201,))
+        await json_reply(reply, (201,))
 
 
 async def delete_bridge(http: aiohttp.ClientSession, base: str, name: str) -> None:
     async with http.delete(f"{base}/admin/bridges/{name}?discard=true") as reply:
-        await _json(reply, (200, 404))
+        await json_reply(reply, (200, 404))
 
 
 async def wait_counter(
@@ -452,7 +443,7 @@ async def run_inbound(base: str, queue: str, count: int, serial: int) -> dict[st
             counters = status["counters"]
             await asyncio.sleep(0.2)  # the last accepts reach the broker
             async with http.get(pipe, headers={"Accept": JSON}) as reply:
-                listing = await _json(reply, (200,))
+                listing = await json_reply(reply, (200,))
         finally:
             await delete_bridge(http, base, name)
             await rest.delete(http, pipe)

@@ -231,3 +231,16 @@ def stop_all() -> None:
     for server in list(_running):
         with contextlib.suppress(Exception):
             server.stop()
+
+
+class BenchError(RuntimeError):
+    """A benchmark run that cannot give a figure (a peer or the gateway failed)."""
+
+
+async def json_reply(reply: Any, expect: tuple[int, ...]) -> Any:
+    """The JSON body of an aiohttp reply with one of the ``expect`` statuses, or
+    :class:`BenchError` saying what came instead."""
+    data = await reply.read()
+    if reply.status not in expect:
+        raise BenchError(f"{reply.method} {reply.url} -> {reply.status}: {data[:300]!r}")
+    return await reply.json(content_type=None) if data else None

@@ -51,8 +51,10 @@ import zmq
 from bench import rest
 from bench.common import (
     PAYLOAD_SIZE,
+    BenchError,
     Server,
     cpu_seconds,
+    json_reply,
     log,
     machine_busy,
     median,
@@ -82,10 +84,6 @@ LABELS = {
     "b": "B: PUSH -> pull bridge -> feed -> push bridge -> PULL",
     "a": "A: PUSH -> pull bridge -> feed -> pub bridge -> SUB",
 }
-
-
-class BenchError(RuntimeError):
-    pass
 
 
 # ---------------------------------------------------------------- the peer processes
@@ -247,19 +245,12 @@ class Peer:
 
 
 # ---------------------------------------------------------------- the gateway side
-async def _json(reply: aiohttp.ClientResponse, expect: tuple[int, ...]) -> Any:
-    data = await reply.read()
-    if reply.status not in expect:
-        raise BenchError(f"{reply.method} {reply.url} -> {reply.status}: {data[:300]!r}")
-    return await reply.json(content_type=None) if data else None
-
-
 async def bridge_status(base: str, name: str) -> dict[str, Any]:
     async with (
         aiohttp.ClientSession() as http,
         http.get(f"{base}/admin/bridges/{name}") as reply,
     ):
-        status: dict[str, Any] = await _json(reply, (200,))
+        status: dict[str, Any] = await json_reply(reply, (200,))
         return status
 
 
@@ -292,7 +283,7 @@ async def setup(base: str) -> dict[str, str]:
                     **own,
                 }
                 async with http.post(f"{base}/admin/bridges", json=definition) as reply:
-                    await _json(reply, (201,))
+                    await json_reply(reply, (201,))
     for _, inbound, outbound, _ in PATHS.values():
         for name in (inbound, outbound):
             status = await wait_status(base, name, "not up", lambda s: s["state"] == "up")
