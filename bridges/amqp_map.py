@@ -458,20 +458,7 @@ def _content(message: Message, max_size: int | None) -> tuple[EmbeddedContent | 
         content_type, kind = JSON_TYPE, "value"
     if max_size is not None and len(data) > max_size:
         raise Unmappable(f"a body of {len(data)} bytes is over the limit of {max_size} bytes")
-    return _embedded(data, content_type), kind
-
-
-def _embedded(data: bytes, content_type: str) -> EmbeddedContent:
-    """Plain when the bytes are UTF-8 text XML can carry, else base64 (M6)."""
-    try:
-        text = data.decode()
-    except UnicodeDecodeError:
-        pass
-    else:
-        if not NOT_XML.search(text):
-            return EmbeddedContent(type=content_type, encoding="plain", value=text)
-    value = base64.b64encode(data).decode("ascii")
-    return EmbeddedContent(type=content_type, encoding="base64", value=value)
+    return EmbeddedContent.of(data, content_type), kind
 
 
 # ---------------------------------------------------------------- AMQP values as text

@@ -49,7 +49,6 @@ gateway message ZeroMQ cannot carry is the AMQP bridge's
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Sequence
 from typing import cast
 
@@ -88,12 +87,6 @@ Frame = bytes | bytearray | memoryview  # zmq.Frame exposes the buffer protocol 
 
 _PROPERTIES = frozenset(MESSAGE_PROPERTIES)
 _DEFAULT_LIMITS = MessageLimits()
-# Bytes that are, in valid UTF-8, the C0 controls XML 1.0 cannot carry (all but tab, LF
-# and CR); with U+FFFE and U+FFFF (surrogates never survive a strict decode) they are
-# exactly what NOT_XML finds in the decoded text. Deleting them with bytes.translate and
-# comparing lengths is several times faster than a regular expression over the text.
-_CONTROLS = bytes(c for c in range(0x20) if c not in b"\t\n\r")
-_NONCHARACTERS = (b"\xef\xbf\xbe", b"\xef\xbf\xbf")  # U+FFFE, U+FFFF in UTF-8
 
 
 class Malformed(ValueError):
@@ -194,7 +187,7 @@ def decode(
         raise Malformed(f"a message of {count} frames; the gateway takes 1 to 3")
     contents: list[Content] = []
     if content_type is not None:
-        contents.append(_embedded(body, content_type))
+        contents.append(EmbeddedContent.of(body, content_type))
     try:
         return build_message(attrs, headers, contents, limits or _DEFAULT_LIMITS)
     except RestMSError as exc:
@@ -307,19 +300,3 @@ def _body(frame: Frame, max_size: int) -> bytes:
     if len(data) > max_size:
         raise Malformed(f"body of {len(data)} bytes is over the limit of {max_size} bytes")
     return data
-
-
-def _embedded(data: bytes, content_type: str) -> EmbeddedContent:
-    """Plain when the bytes are UTF-8 text XML can carry, else base64 (M6)."""
-    try:
-        text = data.decode()  # fails fast on binary bodies
-    except UnicodeDecodeError:
-        pass
-    else:
-        if len(data.translate(None, _CONTROLS)) == len(data) and (
-            b"\xef" not in data  # one one-byte search is far cheaper than two three-byte ones
-            or not (_NONCHARACTERS[0] in data or _NONCHARACTERS[1] in data)
-        ):
-            return EmbeddedContent(type=content_type, encoding="plain", value=text)
-    value = binascii.b2a_base64(data, newline=False).decode("ascii")
-    return EmbeddedContent(type=content_type, encoding="base64", value=value)
