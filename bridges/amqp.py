@@ -235,10 +235,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
                         batch.append(item)
             if batch and self._link is not None:
                 self._link.command("send", batch)
-            before = pipe.version
-            await self._settle_outbound(pipe)
-            if seen == before and pipe.version == before + 1:
-                seen = pipe.version  # only our own acknowledgement touched it: no news
+            seen = await self._settle_outbound(pipe, seen)
             if self._stopping:
                 break
             more = pipe.version != seen or self._wake.is_set()
@@ -301,15 +298,17 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         self._resend.append(seq)
         self._wake.set()
 
-    async def _settle_outbound(self, pipe: Pipe) -> None:
-        """Dead-letter what the broker rejected, then acknowledge the settled run."""
+    async def _settle_outbound(self, pipe: Pipe, seen: int) -> int:
+        """Dead-letter what the broker rejected, then acknowledge the settled run; the
+        pipe version to wait for news from (:meth:`_ack_seen`)."""
         if self._rejected:
             rejected, self._rejected = self._rejected, []
             for seq, error in rejected:
                 flight = self._flight.pop(seq, None)
                 if flight is not None:
                     self._dead_letter(pipe, flight.message, error, self.config.dead_letter)
-        await self._ack_upto(pipe, (min(self._flight) - 1) if self._flight else self._after)
+        upto = (min(self._flight) - 1) if self._flight else self._after
+        return await self._ack_seen(pipe, upto, seen)
 
     # ------------------------------------------------------------ inbound
     async def _inbound(self) -> None:

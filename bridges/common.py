@@ -186,6 +186,20 @@ class PipeSide(BridgeCore):
             await self._port.ack(Slot(pipe, upto))
             self._acked = upto
 
+    async def _ack_seen(self, pipe: Pipe, upto: int, seen: int) -> int:
+        """:meth:`_ack_upto`, then the pipe version to wait for news from: ``seen``, or
+        the new version when only this acknowledgement changed the pipe (no news)."""
+        before = pipe.version
+        await self._ack_upto(pipe, upto)
+        if seen == before and pipe.version == before + 1:
+            return pipe.version
+        return seen
+
+    async def _wait_news(self, pipe: Pipe, seen: int) -> None:
+        """Wait (bounded) until the pipe changes after ``seen``, or the bridge is woken."""
+        await first(self._wake.wait(), pipe.changed(IDLE, seen))
+        self._wake.clear()
+
     def _pipe_backlog(self) -> int:
         pipe = self.pipe
         return len(pipe.messages) + pipe.spilled if pipe is not None else 0

@@ -393,13 +393,9 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
                 self._after = message.seq
                 done += 1
             self._touched()
-            before = pipe.version
-            await self._ack_upto(pipe, self._after)
-            if seen == before and pipe.version == before + 1:
-                seen = pipe.version  # only our own acknowledgement touched it: no news
+            seen = await self._ack_seen(pipe, self._after, seen)
             if not done and not self._stopping:
-                await first(self._wake.wait(), pipe.changed(IDLE, seen))
-                self._wake.clear()
+                await self._wait_news(pipe, seen)
 
     async def _send_message(self, pipe: Pipe, message: Message) -> bool:
         """Send one message (dead-letter it if it cannot be one); False if stopping."""
@@ -452,12 +448,14 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
         self.counters.received += len(batch)
         return batch
 
+    def _parse(self, frames: list[bytes]) -> MessageSpec:
+        """The message ``frames`` carry, with this bridge's settings; or Malformed."""
+        return decode(frames, default_address=self.config.default_address, max_size=self._max_size)
+
     def _decode(self, frames: list[bytes]) -> MessageSpec | None:
         """The message ``frames`` carry, or None (counted and logged) when malformed."""
         try:
-            return decode(
-                frames, default_address=self.config.default_address, max_size=self._max_size
-            )
+            return self._parse(frames)
         except Malformed as exc:
             self._malformed(str(exc), len(frames))
             return None

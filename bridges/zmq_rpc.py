@@ -38,9 +38,9 @@ from feeds.model import Message, Pipe
 from restms.specs import MESSAGE_PROPERTIES, EmbeddedContent, MessageSpec, PipeSpec
 
 from .amqp_map import Unmappable
-from .common import IDLE, bridge_pipe_spec, first
+from .common import bridge_pipe_spec, first
 from .zeromq import ZmqBridge, nothing, send_now
-from .zmq_wire import Malformed, decode, encode, error_frames
+from .zmq_wire import Malformed, encode, error_frames
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,7 @@ class RouterBridge(ZmqBridge):
                 break
         route, rest = frames[:cut], frames[cut:]
         try:
-            spec = decode(
-                rest, default_address=self.config.default_address, max_size=self._max_size
-            )
+            spec = self._parse(rest)
         except Malformed as exc:
             self._malformed(str(exc), len(rest))
             self._reply(route, error_frames("", "", f"malformed request: {exc}"))
@@ -185,13 +183,19 @@ class RouterBridge(ZmqBridge):
             self._expired.add(key)
             self._fail(key, f"no reply within {self.config.timeout:g} s")
 
-    def _fail(self, key: str, error: str) -> None:
+    def _take(self, key: str) -> _Asked | None:
+        """The pending request ``key``, no longer pending (None if it is not)."""
         asked = self._pending.pop(key, None)
+        if asked is not None:
+            if asked.timer is not None:
+                asked.timer.cancel()
+            self._room.set()
+        return asked
+
+    def _fail(self, key: str, error: str) -> None:
+        asked = self._take(key)
         if asked is None:
             return
-        if asked.timer is not None:
-            asked.timer.cancel()
-        self._room.set()
         self._reply(asked.route, error_frames(asked.address, asked.client_id, error))
         self._touched()
 
@@ -224,16 +228,13 @@ class RouterBridge(ZmqBridge):
             for message in batch:
                 self._after = message.seq
                 key = message.spec.prop("correlation_id") or ""
-                asked = self._pending.pop(key, None)
+                asked = self._take(key)
                 if asked is None:
                     if key in self._expired:
                         counters.late += 1
                     else:
                         counters.uncorrelated += 1
                     continue
-                if asked.timer is not None:
-                    asked.timer.cancel()
-                self._room.set()
                 spec = with_props(
                     message.spec, message.spec.address, correlation_id=asked.client_id
                 )
@@ -246,13 +247,9 @@ class RouterBridge(ZmqBridge):
                 self._reply(asked.route, frames)
                 counters.replies += 1
             self._touched()
-            before = pipe.version
-            await self._ack_upto(pipe, self._after)
-            if seen == before and pipe.version == before + 1:
-                seen = pipe.version
+            seen = await self._ack_seen(pipe, self._after, seen)
             if not batch and not self._stopping:
-                await first(self._wake.wait(), pipe.changed(IDLE, seen))
-                self._wake.clear()
+                await self._wait_news(pipe, seen)
 
 
 # ---------------------------------------------------------------- dealer
@@ -275,7 +272,7 @@ class DealerBridge(ZmqBridge):
         self._by_id: dict[bytes, int] = {}
         self._unsent: collections.deque[int] = collections.deque()
         self._outbox: list[tuple[int, MessageSpec | None]] = []
-        self._news = asyncio.Event()
+        self._answers = asyncio.Event()
         self._expired = _Timeouts()
         self._ids = secrets.token_hex(6)
 
@@ -323,8 +320,7 @@ class DealerBridge(ZmqBridge):
                     self.counters.blocked += 1
                 await self._writable()
             elif not taken and not self._stopping:
-                await first(self._wake.wait(), pipe.changed(IDLE, seen))
-                self._wake.clear()
+                await self._wait_news(pipe, seen)
 
     def _send_waiting(self, pipe: Pipe) -> None:
         while self._unsent:
@@ -369,11 +365,7 @@ class DealerBridge(ZmqBridge):
                         counters.uncorrelated += 1
                     continue
                 try:
-                    reply = decode(
-                        frames[2:],
-                        default_address=self.config.default_address,
-                        max_size=self._max_size,
-                    )
+                    reply = self._parse(frames[2:])
                 except Malformed as exc:
                     self._malformed(str(exc), len(frames) - 2)
                     self._finish(seq, None, f"the worker's reply was malformed: {exc}")
@@ -416,14 +408,14 @@ class DealerBridge(ZmqBridge):
         elif reply is not None or error:
             self.counters.discarded += 1  # the request had no reply_to
         self._outbox.append((seq, answer))
-        self._news.set()
+        self._answers.set()
 
     async def _answer_loop(self) -> None:
         """Publish replies and errors, then let their requests leave the pipe."""
         while not self._stopping:
             if not self._outbox:
-                self._news.clear()
-                await first(self._news.wait(), self._stopped.wait())
+                self._answers.clear()
+                await first(self._answers.wait(), self._stopped.wait())
                 continue
             batch, self._outbox = self._outbox, []
             publish = [(seq, answer) for seq, answer in batch if answer is not None]
