@@ -342,16 +342,13 @@ class PublishSide(BridgeCore, Generic[K]):
             return len(batch), {}  # the usual case, without matching each message
         used: dict[Pipe, list[int]] = {}
         for index, (_, spec) in enumerate(batch):
-            size = sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
+            size = _size(spec)
             pipes = {join.pipe for join in matching(feed, spec)}
             for pipe in pipes:
                 if pipe.overflow != "skip" or size > pipe.max_bytes:
                     continue  # reject answers 503; drop-oldest and too big are policy
                 count, total = used.get(pipe, (0, 0))
-                if (
-                    len(pipe.messages) + pipe.spilled + count + 1 > pipe.max_messages
-                    or pipe.bytes + pipe.spilled_bytes + total + size > pipe.max_bytes
-                ):
+                if not _room(pipe, count + 1, total + size):
                     return index, ({} if index else {pipe: pipe.version})
             for pipe in pipes:
                 count, total = used.get(pipe, (0, 0))
@@ -362,15 +359,21 @@ class PublishSide(BridgeCore, Generic[K]):
 def _all_fit(feed: Feed, batch: Sequence[tuple[Any, MessageSpec]]) -> bool:
     """Whether every pipe joined to ``feed`` has room for the whole batch: then no
     message of it can meet a full pipe, whichever pipes it reaches."""
-    total = 0
-    for _, spec in batch:
-        total += sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
-    count = len(batch)
-    for join in feed.joins.values():
-        pipe = join.pipe
-        if pipe.overflow == "skip" and (
-            len(pipe.messages) + pipe.spilled + count > pipe.max_messages
-            or pipe.bytes + pipe.spilled_bytes + total > pipe.max_bytes
-        ):
-            return False
-    return True
+    total = sum(_size(spec) for _, spec in batch)
+    return all(
+        join.pipe.overflow != "skip" or _room(join.pipe, len(batch), total)
+        for join in feed.joins.values()
+    )
+
+
+def _size(spec: MessageSpec) -> int:
+    """The content bytes a message adds to a pipe (as its byte limit counts them)."""
+    return sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
+
+
+def _room(pipe: Pipe, count: int, size: int) -> bool:
+    """Whether the pipe can hold ``count`` more messages of ``size`` bytes in all."""
+    return (
+        len(pipe.messages) + pipe.spilled + count <= pipe.max_messages
+        and pipe.bytes + pipe.spilled_bytes + size <= pipe.max_bytes
+    )
