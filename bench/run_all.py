@@ -98,7 +98,7 @@ def section_amqp(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def section_zeromq(args: argparse.Namespace) -> dict[str, Any]:
-    return zeromq_bridge.run(args.rounds, args.zmq_count)
+    return zeromq_bridge.run(args.rounds, args.zmq_count, args.zmq_durable)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -447,6 +447,9 @@ def main() -> int:
     parser.add_argument("--backlog-rounds", type=int, default=1, help="rounds for 6-7")
     parser.add_argument("--amqp-count", type=int, default=20_000, help="messages per run, #9")
     parser.add_argument("--zmq-count", type=int, default=100_000, help="messages per run, #10")
+    parser.add_argument(
+        "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
+    )
     parser.add_argument(
         "--only",
         nargs="*",

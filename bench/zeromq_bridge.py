@@ -264,7 +264,7 @@ async def wait_status(base: str, name: str, what: str, ok: Any) -> dict[str, Any
     return status
 
 
-async def setup(base: str) -> dict[str, str]:
+async def setup(base: str, durable: bool) -> dict[str, str]:
     """Each path's topic feed and its two bridges (up); the bridges' endpoints."""
     endpoints: dict[str, str] = {}
     async with aiohttp.ClientSession() as http:
@@ -272,7 +272,10 @@ async def setup(base: str) -> dict[str, str]:
             await rest.create_feed(http, base, feed, "topic")
             for name, own in (
                 (inbound, {"socket": "pull"}),
-                (outbound, {"socket": socket, "address": "#", "at_hwm": "block"}),
+                (
+                    outbound,
+                    {"socket": socket, "address": "#", "at_hwm": "block", "durable": durable},
+                ),
             ):
                 definition = {
                     "kind": "zeromq",
@@ -415,8 +418,11 @@ def _log_round(label: str, runs: dict[str, dict[str, Any]], ratios: dict[str, fl
     )
 
 
-def run(rounds: int, count: int) -> dict[str, Any]:
-    """A warm-up of every path, then ``rounds`` rounds of the four runs."""
+def run(rounds: int, count: int, durable: bool = False) -> dict[str, Any]:
+    """A warm-up of every path, then ``rounds`` rounds of the four runs.
+
+    ``durable``: the outbound bridges' pipes store every message (not only the
+    persistent ones; the benchmark's messages are not persistent)."""
     env = {
         "RESTMS_GUEST_SCOPES": GUEST_SCOPES,
         "RESTMS_RATE_LIMIT": "0",
@@ -430,7 +436,8 @@ def run(rounds: int, count: int) -> dict[str, Any]:
             "gateway": "own process (main.py serve)",
             "store": "sqlite (default)",
             "max_pipe_messages": env["RESTMS_MAX_PIPE_MESSAGES"],
-            "bridges": "window 256, sndhwm/rcvhwm 1000 (defaults), at_hwm block",
+            "bridges": "window 256, sndhwm/rcvhwm 1000 (defaults), at_hwm block, "
+            + f"durable {str(durable).lower()}",
             "peers": "two spawned processes, blocking pyzmq " + zmq.pyzmq_version(),
             "libzmq": zmq.zmq_version(),
         },
@@ -440,7 +447,7 @@ def run(rounds: int, count: int) -> dict[str, Any]:
     sender, receiver = Peer("zmq-sender"), Peer("zmq-receiver")
     gateway = start("gateway", env)
     try:
-        endpoints = uvloop.run(setup(gateway.base))
+        endpoints = uvloop.run(setup(gateway.base, durable))
         warm = max(1000, count // 10)
         for name in RUNS:  # warm-up: not recorded, but checked
             wrong = _check(run_once(sender, receiver, name, warm, gateway, endpoints))

@@ -188,6 +188,8 @@ class ZmqBridgeConfig:
     headers: tuple[tuple[str, str], ...] = ()
     max_messages: int = 0  # the internal pipe's limits; 0: the gateway's defaults
     max_bytes: int = 0
+    # True: the internal pipe keeps every message on disk; False: persistent ones only
+    durable: bool = False
     dead_letter: str = ""  # feed for messages that cannot be sent; "": the gateway's
     at_hwm: str = "block"  # at the send high-water mark: "block" (wait) or "drop" (count)
     # inbound: sub, pull, router

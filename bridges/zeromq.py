@@ -372,7 +372,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
     def _pipe_spec(self) -> PipeSpec:
         c = self.config
         return bridge_pipe_spec(
-            self.name, durable=True, max_messages=c.max_messages, max_bytes=c.max_bytes
+            self.name, durable=c.durable, max_messages=c.max_messages, max_bytes=c.max_bytes
         )
 
     def _pipe_join(self) -> tuple[str, str, tuple[tuple[str, str], ...]] | None:

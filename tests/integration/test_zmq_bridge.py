@@ -230,6 +230,28 @@ async def test_push_holds_messages_while_no_worker_is_there_and_a_restarted_one_
     await until(lambda: zb(gw, "fan").backlog() == 0, 10, "the pipe emptied")
 
 
+async def test_a_restart_keeps_persistent_messages_and_a_durable_bridge_keeps_all(
+    make_gateway: MakeGateway, peers: Peers
+) -> None:
+    bridges = (
+        zmq_bridge("light", "push", "incoming"),  # durable = false: persistent ones only
+        zmq_bridge("keep", "push", "incoming", durable=True),
+    )
+    gw = await gateway(make_gateway, *bridges)
+    sent = [{"address": "a", "message_id": f"m{i}", **({"delivery_mode": "2"} if i % 2 else {})}
+            for i in range(5)]  # fmt: skip
+    await publish(gw, "incoming", *sent)
+    for name in ("light", "keep"):  # no worker yet: held in the bridges' pipes
+        await until(lambda n=name: zb(gw, n).backlog() == 5, 10, f"5 held by {name}")
+    await gw.stop()
+    gw = await gateway(make_gateway, *bridges)
+    assert (zb(gw, "light").backlog(), zb(gw, "keep").backlog()) == (2, 5)
+    for name, expected in (("light", ["m1", "m3"]), ("keep", [f"m{i}" for i in range(5)])):
+        worker = await peers.start("pull", "--endpoint", endpoint(gw, name))
+        got = await worker.received(len(expected))
+        assert [envelope(f)["p"]["message_id"] for f in got] == expected
+
+
 async def test_at_hwm_drop_counts_what_no_peer_could_take(make_gateway: MakeGateway) -> None:
     gw = await gateway(make_gateway, zmq_bridge("lossy", "push", "work", at_hwm="drop"))
     await publish(gw, "work", *({"address": "a", "message_id": f"d{i}"} for i in range(25)))

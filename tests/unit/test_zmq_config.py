@@ -25,6 +25,8 @@ def test_defaults_and_direction_follow_the_socket() -> None:
     assert isinstance(config, ZmqBridgeConfig)
     assert (config.bind, config.at_hwm, config.window, config.linger) == (True, "block", 256, 1.0)
     assert (config.sndhwm, config.rcvhwm, config.timeout) == (1000, 1000, 30.0)
+    assert config.durable is False  # the internal pipe stores persistent messages only
+    assert parse(zmq_def(durable=True)).durable is True
     directions = {s: parse(zmq_def(socket=s)).direction for s in
                   ("pub", "push", "dealer", "sub", "pull", "router")}  # fmt: skip
     assert directions == {"pub": "out", "push": "out", "dealer": "out",
@@ -70,6 +72,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     (zmq_def(urls=["amqp://h"]), "unknown zeromq bridge keys: urls"),
     (zmq_def(window="many"), "window must be an integer"),
     (zmq_def(bind="yes"), "bind must be true or false"),
+    (zmq_def(durable=1), "durable must be true or false"),
     ({"kind": "zeromq", "name": "z"}, "a zeromq bridge needs socket, endpoints, feed"),
     (zmq_def(kind=["zeromq"]), "unknown bridge kind"),
     (zmq_def(name="no spaces"), "bridge name 'no spaces' must be"),
