@@ -14,7 +14,7 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import bridging, oauth, resources
+from . import bridging, oauth, page, resources
 from .authn import AUTH, Authenticator, auth_context, authenticate
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
@@ -46,6 +46,7 @@ def build_app(config: Config) -> web.Application:
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
     bridging.add_routes(app)
+    page.add_routes(app)  # the live page at / (docs/BROWSER.md)
     if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
         app.router.add_post(TOKEN_PATH, oauth.token)
         app.router.add_get(JWKS_PATH, oauth.jwks)

@@ -41,7 +41,7 @@ from auth.limits import RateLimiter, Slots
 from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
 from restms.errors import TooManyRequests, Unauthorized
 
-from . import oauth
+from . import oauth, page
 from .config import Config
 from .keys import CONFIG
 
@@ -180,7 +180,7 @@ def bearer_challenge(error: str, description: str) -> str:
 AUTH = web.AppKey("authenticator", Authenticator)
 PRINCIPAL = web.RequestKey("principal", Principal)
 FORWARDING = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
-PUBLIC = frozenset(("/healthz", "/profile/x-gateway"))
+PUBLIC = frozenset(("/healthz", "/profile/x-gateway", *page.PATHS))  # the page: see page.py
 
 
 @web.middleware
