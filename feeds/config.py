@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from restms.errors import BadRequest
 from restms.names import check_name
 from restms.specs import OVERFLOW_POLICIES, FeedSpec
+from restms.webhook import WebhookLimits
 
 DEFAULT_FEED = "default"
 DEFAULT_DOMAIN = "default"
@@ -60,6 +61,7 @@ class EngineConfig:
     # Bytes of pipe messages to hold in memory (content plus OVERHEAD each); past it,
     # new messages wait on disk (0: no budget; only with a store).
     memory_budget: int = 64 * 1024 * 1024
+    webhooks: WebhookLimits = field(default_factory=WebhookLimits)  # webhook pipes
 
     def __post_init__(self) -> None:
         if not self.domains:

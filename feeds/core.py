@@ -9,9 +9,12 @@ operation is in :mod:`feeds.engine`.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 
 from restms import names
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
@@ -36,6 +39,7 @@ from .model import (
 from .placement import Placement
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
 from .store import Op, dumps
+from .webhook import apply_change
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,11 @@ class Core(Placement):
         self.journal: list[Op] | None = None
         self._moved: set[Pipe] = set()
         self.closing = False  # set by shutdown(): waits end with a retriable 503
+        # Webhook pipes, and whoever delivers them: told when one is made, changed or
+        # deleted. Their delivery state changed since the last journal is written lazily.
+        self.hooks: dict[str, Pipe] = {}
+        self.on_hook: Callable[[Pipe], None] | None = None
+        self._hooks_moved: set[Pipe] = set()
 
     def _configure(self, cfg: FeedConfig) -> None:
         domain = self.domain(cfg.domain)
@@ -110,7 +119,22 @@ class Core(Placement):
         if self._moved:
             ops.extend(("seq", pipe.next_seq, pipe.key) for pipe in self._moved)
             self._moved.clear()
+        if self._hooks_moved:
+            for pipe in self._hooks_moved:
+                if pipe.hook is not None:
+                    ops.append(("hook", pipe.key, dumps(pipe.hook.record())))
+            self._hooks_moved.clear()
         return ops
+
+    def hook_moved(self, pipe: Pipe) -> None:
+        """A webhook pipe's delivery state changed: its document (H7) and its record."""
+        if self.journal is not None and not pipe.deleted:
+            self._hooks_moved.add(pipe)
+        pipe.touch(self._wall())
+
+    def _hook_news(self, pipe: Pipe) -> None:
+        if pipe.hook is not None and self.on_hook is not None:
+            self.on_hook(pipe)
 
     def shutdown(self) -> None:
         """End every wait: asynclets and evented GETs answer 503 (retry), streams end."""
@@ -312,6 +336,9 @@ class Core(Placement):
         self._log_pipe(pipe)
         if spec.type != "ondemand":
             self._link(pipe, self.default_feed, JoinSpec(feed_path="", address=key), True, now)
+        if pipe.hook is not None:
+            self.hooks[key] = pipe
+            self._hook_news(pipe)
         return pipe
 
     def _settings(self, options: PipeOptions, *, check: bool = True) -> PipeSettings:
@@ -330,6 +357,11 @@ class Core(Placement):
                 raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
         if check and options.dead_letter and self._feed_at(options.dead_letter) is None:
             raise BadRequest(f"pipe dead_letter names no existing feed: {options.dead_letter}")
+        webhook = options.webhook
+        if webhook is not None and webhook.secret is None:
+            # shown once, in the reply to the create; kept with what the client gave
+            webhook = dataclasses.replace(webhook, secret=secrets.token_urlsafe(32))
+            options = dataclasses.replace(options, webhook=webhook)
         return PipeSettings(
             durable=bool(options.durable),
             lease=config.lease if options.lease is None else options.lease,
@@ -338,14 +370,23 @@ class Core(Placement):
             max_messages=options.max_messages or config.max_pipe_messages,
             max_bytes=options.max_bytes or config.max_pipe_bytes,
             overflow=options.overflow or config.overflow,
+            webhook=None if webhook is None else config.webhooks.fill(webhook, clamp=not check),
             given=options.given(),
         )
 
     def update_pipe(self, pipe: Pipe, update: Update) -> Pipe:
-        """L8: a PUT on a pipe may change its title, nothing else."""
+        """L8: a PUT on a pipe may change its title and, on a webhook pipe, its
+        callback, secret and delivery options (400 before anything changes)."""
         alive(pipe)
         if update.type is not None and update.type not in ("", pipe.type, "fifo"):
             raise Forbidden("a pipe's type cannot be changed")
+        change = update.webhook
+        if change is not None:  # 400 before anything changes
+            given = apply_change(pipe.hook, pipe.options.get("webhook"), change, self.config)
+            if given is not None:
+                pipe.options = {**pipe.options, "webhook": given}
+                self.hook_moved(pipe)
+                self._hook_news(pipe)
         pipe.title = update.title or None
         pipe.touch(self._wall())
         self._log_pipe(pipe)
@@ -374,6 +415,7 @@ class Core(Placement):
         self._private.pop(pipe.key, None)
         self._release(self._pipes_of, pipe.owner)
         self._moved.discard(pipe)
+        self._hooks_moved.discard(pipe)
         self._rejecting -= pipe.overflow == "reject"
         if self.journal is not None:
             self.journal.append(("pipe-", pipe.key))
@@ -393,6 +435,8 @@ class Core(Placement):
         for feed in requeued:
             self._drain(feed)
         pipe.wake()
+        if self.hooks.pop(pipe.key, None) is not None:
+            self._hook_news(pipe)
 
     # ------------------------------------------------------------ joins
     def create_join(self, pipe: Pipe, spec: JoinSpec) -> tuple[Join, bool]:

@@ -129,7 +129,7 @@ class Delivery(Core):
                     size = self._spec_size(spec)
                 if size > pipe.max_bytes:
                     raise PayloadTooLarge(
-                        f"a message of {size} bytes is larger than pipe {_label(pipe)} "
+                        f"a message of {size} bytes is larger than pipe {label(pipe)} "
                         f"accepts ({pipe.max_bytes} bytes)"
                     )
                 wanted = need.setdefault(pipe, [0, 0])
@@ -140,7 +140,7 @@ class Delivery(Core):
             if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
                 self.counters.rejected_full += 1
                 raise ServiceUnavailable(
-                    f"pipe {_label(pipe)} is full ({held} of {pipe.max_messages} "
+                    f"pipe {label(pipe)} is full ({held} of {pipe.max_messages} "
                     f"messages, {held_bytes} of {pipe.max_bytes} bytes) and rejects more; "
                     "retry later",
                     5,
@@ -344,10 +344,14 @@ class Delivery(Core):
             if self.journal is not None:
                 self.journal.append(("ack", pipe.key, slot.seq))
             pipe.touch(self._wall())
-            for join in list(pipe.joins.values()):
-                if join.feed.queue:
-                    self._drain(join.feed)
+            self._refill(pipe)
         return removed
+
+    def _refill(self, pipe: Pipe) -> None:
+        """The pipe has room again: queueing feeds it joins hand it their work (F8)."""
+        for join in list(pipe.joins.values()):
+            if join.feed.queue:
+                self._drain(join.feed)
 
     def part(self, ref: PartRef) -> Blob:
         """D2, D6: the bytes of one delivered content, or 404."""
@@ -381,7 +385,7 @@ class Delivery(Core):
                 yield message
 
 
-def _label(pipe: Pipe) -> str:
+def label(pipe: Pipe) -> str:
     """How replies to others name a pipe: its title and a digest of its name, never the
     name itself, which is the pipe's capability."""
     digest = hashlib.sha256(pipe.key.encode()).hexdigest()[:12]

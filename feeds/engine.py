@@ -49,6 +49,7 @@ from .model import Clock, Feed, Message, Pipe, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
 from .store import Snapshot, decode_parts, epoch_of, loads, message_spec, redeliveries
+from .webhook import Hook
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +97,15 @@ class Engine(Delivery):
             self._register(feed, now)
         for key, type_, title, domain_name, owner, next_seq, options in snapshot.pipes:
             domain = self.domains.get(domain_name) or self.default_feed.domain
-            settings = self._settings(PipeOptions(**loads(options)), check=False)
+            settings = self._settings(PipeOptions.stored(loads(options)), check=False)
             pipe = Pipe(key, type_, title, domain, owner, now, settings)
             pipe.next_seq = next_seq
             pipe.accessed = mono
             self._private[key] = pipe
             self._pipes_of[owner] += 1
             self._rejecting += pipe.overflow == "reject"
+            if pipe.hook is not None:
+                self.hooks[key] = pipe
         for key, pipe_key, feed_key, type_, address, headers, is_default in snapshot.joins:
             owner_pipe, target = self._private.get(pipe_key), self._feed_by_key(feed_key)
             if not isinstance(owner_pipe, Pipe) or target is None:
@@ -143,9 +146,25 @@ class Engine(Delivery):
             queue_feed.qfront = min(queue_feed.qfront, qid - 1)
             queue_feed.qback = max(queue_feed.qback, qid)
         self._refill_windows(seen, now, mono)
+        self._restore_hooks(snapshot.webhooks)
         for found in [*self.public_feeds.values(), *self._private.values()]:
             if isinstance(found, Feed) and found.queue:
                 self._drain(found)  # pipes that can take queued work get it now
+
+    def _restore_hooks(self, rows: list[tuple[Any, ...]]) -> None:
+        """Webhook pipes' delivery state, without attempts at messages that are gone."""
+        for key, data in rows:
+            pipe = self.hooks.get(key)
+            if pipe is None or pipe.hook is None:
+                if self.journal is not None:
+                    self.journal.append(("pipe-", key))  # what is left of a deleted pipe
+                continue
+            pipe.hook.restore(loads(data))
+            pipe.hook.keep_only({seq for seq in pipe.hook.attempts if self._holds(pipe, seq)})
+
+    @staticmethod
+    def _holds(pipe: Pipe, seq: int) -> bool:
+        return seq in pipe.messages or pipe.on_disk(seq)
 
     def _revive(
         self, pipe: Pipe, seq: int, source_key: str | None, data: bytes, now: float, mono: float
@@ -210,8 +229,8 @@ class Engine(Delivery):
     def lease(self, pipe: Pipe, message: Message) -> None:
         """A reader fetched this message: unless it is acknowledged within the pipe's
         lease, it is delivered again (or dead-lettered after ``max_deliveries``)."""
-        if pipe.lease <= 0 or message.leased is not None or pipe.deleted:
-            return
+        if pipe.lease <= 0 or message.leased is not None or pipe.deleted or pipe.hook:
+            return  # a webhook pipe's messages are the gateway's to deliver, not leased
         if pipe.messages.get(message.seq) is not message:
             return
         message.leased = self._mono() + pipe.lease
@@ -294,6 +313,73 @@ class Engine(Delivery):
         self._route(target, spec, message.parts, self._wall(), message.durable, message.size)
         self.counters.dead_lettered += 1
         return True
+
+    # ------------------------------------------------------------ webhook pipes
+    def hook_verified(self, pipe: Pipe, ok: bool, status: str, error: str) -> None:
+        """The receiver answered the verification GET with its challenge, or did not."""
+        hook = self._hook(pipe)
+        hook.outcome(status, error, self._wall())
+        hook.fire("verified" if ok else "refused")
+        self.hook_moved(pipe)
+
+    def hook_delivered(self, pipe: Pipe, message: Message, status: str) -> None:
+        """The receiver took the message (2xx): it leaves the pipe."""
+        hook = self._hook(pipe)
+        hook.outcome(status, "", self._wall())
+        hook.delivered += 1
+        hook.done(message.seq)
+        self._settle(pipe, message)
+        self.hook_moved(pipe)
+
+    def hook_failed(
+        self, pipe: Pipe, message: Message, attempt: int, status: str, error: str, retry_at: float
+    ) -> None:
+        """Attempt ``attempt`` at the message failed; the next is due at ``retry_at``."""
+        hook = self._hook(pipe)
+        hook.outcome(status, error, self._wall())
+        hook.failed(message.seq, attempt, retry_at)
+        self.hook_moved(pipe)
+
+    def hook_give_up(self, pipe: Pipe, message: Message, reason: str) -> None:
+        """After ``max_attempts`` attempts, or ``max_age`` seconds: the message goes to
+        the pipe's dead-letter feed (counted there when it has none) and leaves the pipe."""
+        hook = self._hook(pipe)
+        attempts = hook.attempts.get(message.seq, 0)
+        why = (("x-delivery-count", str(attempts)), ("x-webhook-status", hook.last_status))
+        if pipe.messages.get(message.seq) is message:
+            self.dead_letter(pipe, message, reason, why)
+        hook.dead += 1
+        hook.done(message.seq)
+        self._settle(pipe, message)
+        self.hook_moved(pipe)
+
+    def hook_gone(self, pipe: Pipe, message: Message, status: str) -> None:
+        """The receiver answered 410: the subscription ends; messages stay in the pipe."""
+        hook = self._hook(pipe)
+        hook.outcome(status, "the receiver ended the subscription", self._wall())
+        hook.done(message.seq)
+        hook.fire("gone")
+        self.hook_moved(pipe)
+
+    def hook_forget(self, pipe: Pipe, seq: int) -> None:
+        """The message was removed by other means (a DELETE) while being delivered."""
+        self._hook(pipe).done(seq)
+        self.hook_moved(pipe)
+
+    @staticmethod
+    def _hook(pipe: Pipe) -> Hook:
+        if pipe.hook is None:
+            raise TypeError("not a webhook pipe")
+        return pipe.hook
+
+    def _settle(self, pipe: Pipe, message: Message) -> None:
+        """Remove this one message (an acknowledgement of it alone: concurrent
+        deliveries finish in any order)."""
+        if pipe.deleted or pipe.messages.get(message.seq) is not message:
+            return
+        self._drop(pipe, message.seq)
+        self.counters.acknowledged += 1
+        self._refill(pipe)
 
     # ------------------------------------------------------------ background upkeep
     def collect_idle(self) -> int:

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
+from restms.webhook import WebhookOptions
 
 from .dedup import DedupWindow
 from .routing import Matcher
+from .webhook import Hook
 
 
 class Watchable:
@@ -226,6 +228,7 @@ class Pipe(Watchable):
         "domain",
         "durable",
         "expiring",
+        "hook",
         "joins",
         "key",
         "lease",
@@ -286,6 +289,8 @@ class Pipe(Watchable):
         self.max_messages = settings.max_messages
         self.max_bytes = settings.max_bytes
         self.overflow = settings.overflow
+        # A webhook pipe's options and delivery state (None for other types).
+        self.hook = Hook(settings.webhook) if settings.webhook is not None else None
 
     def oldest(self) -> int | None:
         return next(iter(self.messages), None)
@@ -317,6 +322,7 @@ class PipeSettings:
     max_messages: int
     max_bytes: int
     overflow: str
+    webhook: WebhookOptions | None  # every option filled in; None unless a webhook pipe
     given: dict[str, object]
 
 

@@ -43,13 +43,16 @@ from .model import Blob, Part
 log = logging.getLogger(__name__)
 
 FILE_NAME = "gateway.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+_WEBHOOKS = "CREATE TABLE IF NOT EXISTS webhooks (pipe TEXT PRIMARY KEY, state BLOB NOT NULL)"
 # How to bring an older store up to SCHEMA_VERSION, one version at a time.
 _MIGRATIONS: dict[int, str] = {
     1: "ALTER TABLE pipes ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
+    2: _WEBHOOKS,  # webhook pipes' delivery state
 }
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS feeds (
     key TEXT PRIMARY KEY, name TEXT, type TEXT NOT NULL, title TEXT, license TEXT,
@@ -68,6 +71,9 @@ CREATE TABLE IF NOT EXISTS queued (
     feed TEXT NOT NULL, qid INTEGER NOT NULL, data BLOB NOT NULL,
     PRIMARY KEY (feed, qid));
 """
+    + _WEBHOOKS
+    + ";\n"
+)
 
 # Journal records: a tag, then plain values captured when the change happened.
 Op = tuple[Any, ...]
@@ -76,7 +82,7 @@ _SQL: dict[str, str] = {
     "feed": "INSERT OR REPLACE INTO feeds VALUES (?, ?, ?, ?, ?, ?, ?)",
     "pipe": "INSERT INTO pipes (key, type, title, domain, owner, options) "
     "VALUES (?, ?, ?, ?, ?, ?) "
-    "ON CONFLICT (key) DO UPDATE SET title = excluded.title",
+    "ON CONFLICT (key) DO UPDATE SET title = excluded.title, options = excluded.options",
     "join": "INSERT OR REPLACE INTO joins VALUES (?, ?, ?, ?, ?, ?, ?)",
     "join-": "DELETE FROM joins WHERE key = ?",
     "msg": "INSERT OR REPLACE INTO messages VALUES (?, ?, ?, ?)",
@@ -85,6 +91,7 @@ _SQL: dict[str, str] = {
     "seq": "UPDATE pipes SET next_seq = max(next_seq, ?) WHERE key = ?",
     "queue+": "INSERT OR REPLACE INTO queued VALUES (?, ?, ?)",
     "queue-": "DELETE FROM queued WHERE feed = ? AND qid = ?",
+    "hook": "INSERT OR REPLACE INTO webhooks VALUES (?, ?)",
 }
 # Deleting a feed or a pipe takes what hangs off it with it.
 _CASCADE: dict[str, tuple[str, ...]] = {
@@ -93,6 +100,7 @@ _CASCADE: dict[str, tuple[str, ...]] = {
         "DELETE FROM pipes WHERE key = ?",
         "DELETE FROM joins WHERE pipe = ?",
         "DELETE FROM messages WHERE pipe = ?",
+        "DELETE FROM webhooks WHERE pipe = ?",
     ),
 }
 
@@ -113,6 +121,7 @@ class Snapshot:
     # Messages left on disk past the memory budget: (pipe, first seq, last seq + 1,
     # count, estimated bytes) per pipe, read back a page at a time.
     spills: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    webhooks: list[tuple[Any, ...]] = field(default_factory=list)  # (pipe, state record)
     epoch: int = 1  # this run's number (non-persistent rows of earlier runs are stale)
 
 
@@ -265,6 +274,7 @@ class Store:
         ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
         snap.queued = db.execute("SELECT * FROM queued ORDER BY feed, qid").fetchall()
+        snap.webhooks = db.execute("SELECT pipe, state FROM webhooks").fetchall()
         left = budget
         summary = "SELECT pipe, min(seq), max(seq), count(*) FROM messages GROUP BY pipe"
         for pipe, low, high, count in db.execute(summary).fetchall():

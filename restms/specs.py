@@ -19,6 +19,8 @@ from .document import Document, Element
 from .errors import BadRequest, PayloadTooLarge
 from .names import check_address, check_name
 from .uris import uri_path
+from .webhook import ATTRIBUTES as WEBHOOK_ATTRIBUTES
+from .webhook import WebhookOptions
 
 _N = TypeVar("_N", int, float)
 
@@ -30,8 +32,9 @@ EXTENSION_PROFILE = "x-gateway/Extensions"
 # Feed types: "" (3/Defaults), the six of 4/AMQP9 (F13), regexp (our extension, F12).
 FEED_TYPES = frozenset({"", "fanout", "direct", "topic", "headers", "rotator", "service", "regexp"})
 QUEUEING_FEED_TYPES = frozenset({"rotator", "service"})
-# Pipe types: "" (3/Defaults), ondemand (4/AMQP9, P3), stream (our extension, P6).
-PIPE_TYPES = frozenset({"", "ondemand", "stream"})
+# Pipe types: "" (3/Defaults), ondemand (4/AMQP9, P3), stream (our extension, P6) and
+# webhook (our extension: the gateway POSTs each message to a callback).
+PIPE_TYPES = frozenset({"", "ondemand", "stream", "webhook"})
 PIPE_TYPE_ALIASES = {"fifo": ""}  # draft/3 name (P2, L2)
 JOIN_TYPES = frozenset({""})  # F9
 
@@ -86,7 +89,8 @@ class PipeOptions:
     """Our extension attributes on ``<pipe>`` (docs/EXTENSIONS.md); None: the default.
 
     ``dead_letter`` is a feed URI path ("" for none); ``lease`` is in seconds (0: no
-    lease). The engine checks them against its configured maximums.
+    lease); ``webhook`` only on webhook pipes. The engine checks them against its
+    configured maximums.
     """
 
     durable: bool | None = None
@@ -96,6 +100,7 @@ class PipeOptions:
     max_messages: int | None = None
     max_bytes: int | None = None
     overflow: str | None = None
+    webhook: WebhookOptions | None = None
 
     def __post_init__(self) -> None:
         if self.overflow is not None and self.overflow not in OVERFLOW_POLICIES:
@@ -104,9 +109,20 @@ class PipeOptions:
 
     def given(self) -> dict[str, object]:
         """The options the client set, as plain values (the store keeps these)."""
+        values = ((name, getattr(self, name)) for name in self.__slots__)
         return {
-            name: getattr(self, name) for name in self.__slots__ if getattr(self, name) is not None
+            name: value.given() if isinstance(value, WebhookOptions) else value
+            for name, value in values
+            if value is not None
         }
+
+    @classmethod
+    def stored(cls, given: Mapping[str, object]) -> PipeOptions:
+        """The options :meth:`given` returned, back (from the store)."""
+        values = dict(given)
+        hook = values.pop("webhook", None)
+        webhook = WebhookOptions(**hook) if isinstance(hook, dict) else None
+        return cls(**values, webhook=webhook)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,6 +134,11 @@ class PipeSpec:
     def __post_init__(self) -> None:
         if self.type not in PIPE_TYPES:
             raise BadRequest(f"unknown pipe type {self.type!r}")
+        hook = self.options.webhook
+        if self.type == "webhook" and (hook is None or hook.callback is None):
+            raise BadRequest("a webhook pipe needs a callback attribute: the URL to POST to")
+        if self.type != "webhook" and hook is not None:
+            raise BadRequest(f"{', '.join(WEBHOOK_ATTRIBUTES)} are for webhook pipes only")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +167,7 @@ class Update:
     type: str | None = None
     title: str | None = None
     license: str | None = None
+    webhook: WebhookOptions | None = None  # a webhook pipe's options that change
 
 
 # ---------------------------------------------------------------- messages
@@ -274,6 +296,21 @@ def pipe_options(attrs: Mapping[str, str]) -> PipeOptions:
         max_messages=_number(attrs, "max_messages", int, 1),
         max_bytes=_number(attrs, "max_bytes", int, 1),
         overflow=attrs.get("overflow") or None,
+        webhook=webhook_options(attrs),
+    )
+
+
+def webhook_options(attrs: Mapping[str, str]) -> WebhookOptions | None:
+    """The webhook attributes of a ``<pipe>`` (None when it has none; 400 when malformed)."""
+    if not any(attrs.get(name) for name in WEBHOOK_ATTRIBUTES):
+        return None
+    return WebhookOptions(
+        callback=attrs.get("callback") or None,
+        secret=attrs.get("secret") or None,
+        concurrency=_number(attrs, "concurrency", int, 1),
+        timeout=_number(attrs, "timeout", float, 0),
+        max_attempts=_number(attrs, "max_attempts", int, 1),
+        max_age=_number(attrs, "max_age", float, 0),
     )
 
 
@@ -324,6 +361,7 @@ def update(document: Document, tag: str) -> Update:
         type=attrs.get("type"),
         title=attrs.get("title"),
         license=attrs.get("license"),
+        webhook=webhook_options(attrs) if tag == "pipe" else None,
     )
 
 
