@@ -23,6 +23,7 @@ from .idempotency import Replies
 from .keys import CONFIG, ENGINE, REPLIES, STORE
 from .middleware import errors
 from .shutdown import IN_FLIGHT, InFlight, draining, last_on_connection
+from .webhooks import HOOKS, Webhooks, webhooks_context
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,6 +41,7 @@ def build_app(config: Config) -> web.Application:
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     app[BRIDGES] = make_registry(app)
+    app[HOOKS] = Webhooks(app)
     for kind in ("domain", "feed", "resource"):
         app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
@@ -56,6 +58,7 @@ def build_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(store_context)
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
+    app.cleanup_ctx.append(webhooks_context)  # the same for webhook pipes' workers
     app.cleanup_ctx.append(_sweeper)
     return app
 

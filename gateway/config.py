@@ -24,7 +24,10 @@ from bridges.config import BridgeConfig
 from bridges.config import parse as parse_bridge
 from feeds.config import DEFAULT_DOMAIN, EngineConfig, FeedConfig
 from restms.specs import MessageLimits
+from restms.webhook import WebhookLimits
 from restms.xmlcodec import CodecLimits
+
+from .webhook_guard import parse_allow, split_allow
 
 
 class ConfigError(Exception):
@@ -132,6 +135,20 @@ class Config:
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
     journal_interval: float = 0.05  # seconds; lazy records (positions) wait at most this long
+    # webhook pipes (docs/WEBHOOKS.md): each option's default, and the most a pipe may ask
+    webhook_allow: str = ""  # CIDRs and host names callbacks may reach despite the SSRF guard
+    webhook_concurrency: int = 1  # messages delivered at once (1: in order)
+    webhook_concurrency_limit: int = 16
+    webhook_timeout: float = 10.0  # seconds a receiver has to answer 2xx
+    webhook_timeout_limit: float = 60.0
+    webhook_max_attempts: int = 10  # attempts at a message before it is dead-lettered
+    webhook_max_attempts_limit: int = 100
+    webhook_max_age: float = 86_400.0  # seconds after its arrival a message is given up
+    webhook_max_age_limit: float = 604_800.0
+    webhook_backoff_base: float = 1.0  # seconds: the first retry waits up to this long
+    webhook_backoff_cap: float = 300.0  # seconds any retry waits at most
+    webhook_connections: int = 100  # connections open to receivers at once, all pipes
+    webhook_response_max: int = 65_536  # bytes of a receiver's answer read at most
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -228,6 +245,12 @@ class Config:
         names = [b.name for b in self.bridges]
         if len(set(names)) != len(names):
             raise ConfigError("two [[bridges]] have the same name")
+        try:
+            parse_allow(split_allow(self.webhook_allow))
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from exc
+        if self.webhook_connections < 1 or self.webhook_response_max < 1:
+            raise ConfigError("webhook_connections and webhook_response_max must be at least 1")
 
     def engine(self) -> EngineConfig:
         return EngineConfig(
@@ -248,6 +271,18 @@ class Config:
             dedup_window=self.dedup_window,
             dedup_max=self.dedup_max,
             memory_budget=self.memory_budget,
+            webhooks=WebhookLimits(
+                concurrency=self.webhook_concurrency,
+                concurrency_limit=self.webhook_concurrency_limit,
+                timeout=self.webhook_timeout,
+                timeout_limit=self.webhook_timeout_limit,
+                max_attempts=self.webhook_max_attempts,
+                max_attempts_limit=self.webhook_max_attempts_limit,
+                max_age=self.webhook_max_age,
+                max_age_limit=self.webhook_max_age_limit,
+                backoff_base=self.webhook_backoff_base,
+                backoff_cap=self.webhook_backoff_cap,
+            ),
         )
 
 
@@ -275,6 +310,8 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return int(value)
         if kind == "float":
             return float(value)
+        if isinstance(value, list):  # a TOML array of strings (webhook_allow)
+            return " ".join(str(item) for item in value)
         return str(value)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{source}: {key} must be a {kind}, not {value!r}") from exc

@@ -27,7 +27,7 @@ from restms import fastpath, specs
 from restms.errors import Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
 
-from . import access, http, idempotency, spill, streams, views
+from . import access, http, idempotency, spill, streams, views, webhooks
 from .authn import waiting
 from .durability import committed
 from .keys import CONFIG, ENGINE, REPLIES
@@ -60,10 +60,11 @@ async def post_domain(request: web.Request, domain: Domain) -> web.StreamRespons
     engine = request.app[ENGINE]
     base = http.base(request)
     if isinstance(spec, specs.PipeSpec):
+        spec = await webhooks.admit(request, spec)  # a webhook pipe's callback: SSRF guard
         pipe = engine.create_pipe(domain, spec, http.principal(request))
         return http.document(
             request,
-            views.pipe(base, pipe, engine),
+            views.pipe(base, pipe, engine, secret=webhooks.new_secret(spec, pipe)),
             fmt,
             key=f"p:{pipe.key}",
             resource=pipe,
@@ -153,7 +154,7 @@ async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
 
 
 async def put_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
-    """L8, Q15: a PUT on a pipe changes its title only."""
+    """L8, Q15: a PUT on a pipe changes its title (and a webhook pipe's options)."""
     engine = request.app[ENGINE]
     return await _put(
         request,
@@ -163,6 +164,7 @@ async def put_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
         lambda update: engine.update_pipe(pipe, update),
         lambda: views.pipe(http.base(request), pipe, engine),
         no_cache=True,
+        check=lambda update: webhooks.admit_update(request, pipe, update),
     )
 
 
@@ -175,15 +177,21 @@ async def _put(
     render: Callable[[], Any],
     *,
     no_cache: bool = False,
+    check: Callable[[specs.Update], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
-    """R2, H5: 412 on a stale copy, 204 for an empty body, else update and show."""
+    """R2, H5: 412 on a stale copy, 204 for an empty body, else update and show
+    (``check``: what must be looked at, asynchronously, before anything changes)."""
     http.check_preconditions(request, key, resource)
     body = await http.read_body(request)
     if not body:
         return web.Response(status=204)
     body_fmt = http.request_format(request, body)
     fmt = http.reply_format(request, body_fmt)  # 406 before anything changes
-    apply(specs.update(http.decode(request, body, body_fmt), tag))
+    update = specs.update(http.decode(request, body, body_fmt), tag)
+    if check is not None:
+        await check(update)
+        http.check_preconditions(request, key, resource)  # it may have changed meanwhile
+    apply(update)
     return http.document(request, render(), fmt, key=key, resource=resource, no_cache=no_cache)
 
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 
 from feeds.engine import Engine
 from feeds.model import Blob, Domain, Feed, Join, Message, Pipe
+from feeds.webhook import Hook
 from restms.document import NOT_XML, Document, Element
 from restms.specs import AMQP9_PROFILE, DEFAULTS_PROFILE, EXTENSION_PROFILE
 from restms.uris import Base, split_path
@@ -80,8 +82,10 @@ def message_uri(base: Base, pipe: Pipe, seq: int) -> str:
     return base.resource(f"{pipe.key}.{seq}")
 
 
-def pipe(base: Base, p: Pipe, engine: Engine) -> Document:
-    """A1, A8: joins, listed messages, then the asynclet (unless the listing is capped)."""
+def pipe(base: Base, p: Pipe, engine: Engine, *, secret: str | None = None) -> Document:
+    """A1, A8: joins, listed messages, then the asynclet (unless the listing is capped).
+
+    ``secret``: a webhook pipe's secret, shown in the reply to its create only."""
     children = [
         Element("join", _join_attrs(base, j, href=True), _headers(j.spec.headers))
         for j in p.joins.values()
@@ -96,6 +100,8 @@ def pipe(base: Base, p: Pipe, engine: Engine) -> Document:
     if asynclet is not None:
         children.append(Element("message", {"href": message_uri(base, p, asynclet), "async": "1"}))
     attrs = {"name": p.key, "type": p.type, "title": p.title or "", **settings(base, p, engine)}
+    if secret is not None:
+        attrs["secret"] = secret
     return doc(Element("pipe", attrs, tuple(children)))
 
 
@@ -110,15 +116,49 @@ def settings(base: Base, p: Pipe, engine: Engine) -> dict[str, str]:
             dead_letter = ""
         else:
             dead_letter = base.feed(where[1]) if where[0] == "feed" else base.resource(where[1])
-    return {
+    shown = {
         "durable": "1" if p.durable else "0",
-        "lease": f"{p.lease:.3f}".rstrip("0").rstrip("."),
+        "lease": _seconds(p.lease),
         "max_deliveries": str(p.max_deliveries),
         "dead_letter": dead_letter,
         "max_messages": str(p.max_messages),
         "max_bytes": str(p.max_bytes),
         "overflow": p.overflow,
     }
+    return shown if p.hook is None else shown | _webhook(p, p.hook)
+
+
+def _webhook(p: Pipe, hook: Hook) -> dict[str, str]:
+    """A webhook pipe's options (never its secret) and delivery state (docs/WEBHOOKS.md)."""
+    options = hook.options
+    return {
+        "callback": options.callback or "",
+        "concurrency": str(options.concurrency),
+        "timeout": _seconds(options.timeout or 0),
+        "max_attempts": str(options.max_attempts),
+        "max_age": _seconds(options.max_age or 0),
+        "state": hook.state,
+        "pending": str(len(p.messages) + p.spilled),
+        "attempts": str(max(hook.attempts.values(), default=0)),
+        "next_attempt": _when(min(hook.due.values(), default=None)),
+        "last_attempt": _when(hook.last_attempt),
+        "last_status": hook.last_status,
+        "last_error": hook.last_error,
+        "failures": str(hook.failures),
+        "delivered": str(hook.delivered),
+        "dead_lettered": str(hook.dead),
+    }
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f}".rstrip("0").rstrip(".")
+
+
+def _when(wall: float | None) -> str:
+    """A wall-clock time as RFC 3339 UTC, to the second ("" for none)."""
+    if wall is None:
+        return ""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def message_element(

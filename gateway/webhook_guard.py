@@ -1,0 +1,203 @@
+"""The SSRF guard of webhook pipes: callbacks may only reach public addresses.
+
+A webhook pipe makes the gateway send requests to a URL a client chose. Without a
+guard, any client could make the gateway reach what only it can reach: its own
+loopback services, cloud metadata endpoints, the private network behind it. So a
+callback's host must resolve to public addresses only, unless the configuration
+allows it (``webhook_allow``: CIDRs, addresses and host names).
+
+The check runs twice:
+
+* **when the pipe is created or its callback changed** (:meth:`Guard.admit`): 400
+  with the reason when the host is a refused address, or resolves to one, or does not
+  resolve at all;
+* **at every connection** (:class:`GuardedResolver`, the resolver of the gateway's
+  webhook client session, and :meth:`Guard.check_literal` for address literals, which
+  aiohttp never resolves): the addresses a name resolves to *now* are filtered, so a
+  name that resolved to a public address at creation and to a private one later (DNS
+  rebinding) still cannot reach it.
+
+Refused (:func:`refusal`): unspecified, loopback, link-local, multicast, private
+(RFC 1918 and the like), unique-local (fc00::/7), site-local, reserved and every other
+non-global range, for IPv4 and IPv6. An IPv6 address that carries an IPv4 address
+(IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo)
+is judged by the IPv4 address it carries as well. Names are resolved with the loop's
+``getaddrinfo``, which runs in a worker thread: the loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from aiohttp.abc import AbstractResolver, ResolveResult
+
+from restms.errors import BadRequest
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+RESOLVE_TIMEOUT = 10.0  # seconds a creation may wait for the callback's host to resolve
+
+
+def carried(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries, if any."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
+def refusal(ip: Address) -> str | None:
+    """Why a callback may not reach this address (None: it may)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = carried(ip)
+        if inner is not None:
+            reason = refusal(inner)
+            if reason is not None:
+                return f"{reason} (carried in {ip})"
+            if ip.ipv4_mapped is not None or ip in _NAT64:
+                return None  # the IPv4 address is where it goes
+    checks = (
+        ("unspecified", ip.is_unspecified),
+        ("loopback", ip.is_loopback),
+        ("link-local", ip.is_link_local),
+        ("multicast", ip.is_multicast),
+        ("unique-local", isinstance(ip, ipaddress.IPv6Address) and ip in _UNIQUE_LOCAL),
+        ("site-local", isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local),
+        ("private", ip.is_private),
+        ("reserved", ip.is_reserved or not ip.is_global),
+    )
+    for reason, hit in checks:
+        if hit:
+            return reason
+    return None
+
+
+def parse_allow(entries: Iterable[str]) -> tuple[tuple[Network, ...], frozenset[str]]:
+    """``webhook_allow`` entries: networks and addresses, or host names (ValueError)."""
+    networks: list[Network] = []
+    hosts: set[str] = set()
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+            continue
+        except ValueError:
+            pass
+        name = entry.lower().removesuffix(".")
+        labels = name.split(".")
+        if not name or not all(label and label.replace("-", "").isalnum() for label in labels):
+            raise ValueError(f"webhook_allow: {entry!r} is neither a CIDR nor a host name")
+        hosts.add(name)
+    return tuple(networks), frozenset(hosts)
+
+
+def split_allow(value: str) -> list[str]:
+    """The configured ``webhook_allow`` string: entries apart by commas or spaces."""
+    return value.replace(",", " ").split()
+
+
+class RefusedAddress(OSError):
+    """A connection the guard does not allow (an ``OSError``: aiohttp reports it as a
+    failed connection, never as an answer of the receiver)."""
+
+
+class Guard:
+    """The policy: what is refused, and what the configuration allows anyway."""
+
+    def __init__(self, allow: Iterable[str] = ()) -> None:
+        self.networks, self.hosts = parse_allow(allow)
+
+    def why_not(self, ip: Address) -> str | None:
+        """Why the guard refuses ``ip`` (None: allowed, by policy or by configuration)."""
+        reason = refusal(ip)
+        if reason is None:
+            return None
+        v4 = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
+        if any(ip in net or (v4 is not None and v4 in net) for net in self.networks):
+            return None
+        return reason
+
+    def host_allowed(self, host: str) -> bool:
+        return host.lower().removesuffix(".") in self.hosts
+
+    def check_literal(self, host: str) -> None:
+        """At connect time: an address literal host must be allowed (RefusedAddress)."""
+        try:
+            ip = ipaddress.ip_address(host.strip("[]"))
+        except ValueError:
+            return  # a name: the resolver checks what it resolves to
+        reason = self.why_not(ip)
+        if reason is not None:
+            raise RefusedAddress(f"the callback address is {reason}")
+
+    async def admit(self, url: str) -> None:
+        """At creation: 400 unless every address the callback's host has is allowed."""
+        host = urlsplit(url).hostname or ""
+        try:
+            self.check_literal(host)
+        except RefusedAddress as exc:
+            raise BadRequest(f"{exc}: webhook callbacks may only reach public addresses") from exc
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            pass
+        else:
+            return
+        if self.host_allowed(host):
+            return
+        try:
+            async with asyncio.timeout(RESOLVE_TIMEOUT):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError) as exc:
+            raise BadRequest(f"the callback host {host!r} does not resolve") from exc
+        for _, _, _, _, sockaddr in infos:
+            reason = self.why_not(ipaddress.ip_address(sockaddr[0]))
+            if reason is not None:
+                raise BadRequest(
+                    f"the callback host {host!r} resolves to a {reason} address: "
+                    "webhook callbacks may only reach public addresses"
+                )
+
+
+class GuardedResolver(AbstractResolver):
+    """A resolver that keeps only the addresses the guard allows (connect time)."""
+
+    def __init__(self, guard: Guard, inner: AbstractResolver) -> None:
+        self._guard = guard
+        self._inner = inner
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        if self._guard.host_allowed(host):
+            return found
+        kept: list[ResolveResult] = []
+        reasons: list[str] = []
+        for result in found:
+            reason = self._guard.why_not(ipaddress.ip_address(result["host"]))
+            if reason is None:
+                kept.append(result)
+            else:
+                reasons.append(reason)
+        if not kept:
+            raise RefusedAddress(
+                f"the callback host resolves only to refused addresses ({', '.join(reasons)})"
+            )
+        return kept
+
+    async def close(self) -> None:
+        await self._inner.close()
