@@ -107,6 +107,7 @@ function say(text) {
 async function act(what, control, action) {
   control.disabled = true;
   clearError();
+  say(""); // what the last action said no longer applies
   try {
     await action();
   } catch (error) {
@@ -207,8 +208,11 @@ function showPipe() {
   }
 }
 
+// The stream's state, shown as text (and as a coloured dot, from the first word).
 function setStream(text) {
-  $("stream-state").textContent = text;
+  const shown = $("stream-state");
+  shown.textContent = text;
+  shown.dataset.state = text.split(":")[0];
 }
 
 function feedName(uri) {

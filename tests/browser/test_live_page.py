@@ -11,6 +11,8 @@ Decided behaviour under test (docs/BROWSER.md, "Live page"):
 * A message published through the page reaches a pipe read over HTTP.
 * Acknowledging on the page deletes the message and every older one (checked over
   HTTP) and the depth shown follows.
+* When the stream ends, the page opens it again with ``Last-Event-ID``: a message
+  published meanwhile is shown once, nothing twice; a reload keeps the pipe.
 * A refused request shows the gateway's status and its text/plain reason.
 * Without the loopback guest, the page works with a pasted bearer token, sent on
   every request, the event stream included.
@@ -197,6 +199,32 @@ async def test_acknowledging_on_the_page_deletes_older_messages_and_the_depth_fo
     await expect(page.locator("#pipe-depth")).to_have_text("0 held")
     await expect(page.locator("#messages-empty")).to_be_visible()
     assert await held(gw, pipe) == []
+    await live.assert_clean()
+
+
+async def test_the_stream_resumes_after_it_ends_and_a_reload_keeps_the_pipe(
+    make_gateway: MakeGateway, open_page: OpenPage
+) -> None:
+    gw = await make_gateway(stream_max=1.0)  # every stream ends after a second
+    live = await open_page(gw)
+    page = live.page
+    await create_feed(live, "ticks", "fanout")
+    pipe = await create_pipe(live, "")
+    await publish(gw, "/restms/feed/ticks", text("before", "t"))
+    contents = page.locator("#messages li .content")
+    await expect(contents).to_have_text(["before"])
+
+    state = page.locator("#stream-state")
+    await expect(state).to_have_attribute("data-state", "reconnecting")
+    await publish(gw, "/restms/feed/ticks", text("while away", "t"))  # no stream open now
+    await expect(state).to_have_attribute("data-state", "open")
+    await expect(contents).to_have_text(["before", "while away"])  # each once
+
+    await page.reload()
+    await expect(page.locator("body[data-ready]")).to_have_count(1)
+    await expect(page.locator("#pipe-name")).to_have_text(pipe.rsplit("/", 1)[1])
+    await expect(contents).to_have_text(["before", "while away"])  # what the pipe still holds
+    await expect(page.locator("#pipe-depth")).to_have_text("2 held")
     await live.assert_clean()
 
 
