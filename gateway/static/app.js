@@ -475,6 +475,7 @@ async function acknowledge(id) {
     if (Number(node.dataset.id) <= id) node.remove();
   }
   updateMessageControls();
+  if (document.activeElement === document.body) $("messages-heading").focus(); // its button went
   say(`Acknowledged message ${id} and older.`);
   await refreshPipe();
 }

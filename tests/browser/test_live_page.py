@@ -191,6 +191,7 @@ async def test_acknowledging_on_the_page_deletes_older_messages_and_the_depth_fo
 
     await page.get_by_role("button", name="Acknowledge message 2 and older").click()
     await expect(items.locator(".content")).to_have_text(["job 3"])
+    await expect(page.locator("#messages-heading")).to_be_focused()  # not lost with the button
     await expect(page.locator("#pipe-depth")).to_have_text("1 held")
     assert [h.rsplit(".", 1)[1] for h in await held(gw, pipe)] == ["3"]
 
