@@ -337,6 +337,8 @@ class Worker:
             if outcome.ok:
                 self.engine.hook_delivered(pipe, message, outcome.status)
                 return
+            if not hook.delivering:
+                return  # another lane's receiver ended the subscription meanwhile
             if outcome.gone:
                 self.engine.hook_gone(pipe, message, outcome.status)
                 await self._commit()

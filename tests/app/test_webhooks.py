@@ -632,6 +632,30 @@ async def test_410_ends_the_subscription_and_keeps_messages(
     assert [m["message_id"] for m in held] == ["m1", "m2"]
 
 
+async def test_410_while_other_lanes_deliver(
+    gw: Gateway, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def answer(delivery: Delivery) -> web.StreamResponse:
+        if delivery.message["message_id"] == "m1":
+            await asyncio.sleep(0.1)
+            return web.Response(status=410)
+        await asyncio.sleep(0.4)  # answered after the subscription ended
+        return web.Response(status=200 if delivery.message["message_id"] == "m2" else 500)
+
+    receiver.answer = answer
+    pipe = await webhook(gw, receiver.url, secret=SECRET, concurrency=3)
+    await until_state(gw, pipe, state="active")
+    await send(gw, pipe, "m1", "m2", "m3")
+    await until(lambda: receiver.in_flight == 0 and len(receiver.deliveries) == 3, "answers")
+    await until(lambda: workers() == 0, "the worker to end")
+    shown = await state(gw, pipe)
+    assert shown["state"] == "ended"
+    assert shown["delivered"] == "1"  # m2 was taken before its answer came
+    held = [m["message_id"] for m in shown["message"] if m.get("async") != "1"]
+    assert held == ["m1", "m3"]
+    assert "stopped" not in caplog.text  # the worker ended cleanly
+
+
 async def test_redirects_are_failures_and_never_followed(gw: Gateway, receiver: Receiver) -> None:
     async def moved(_: Delivery) -> web.StreamResponse:
         return web.Response(status=307, headers={"Location": "/elsewhere"})

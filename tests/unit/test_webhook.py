@@ -4,10 +4,13 @@ classification and the delivery state machine (docs/WEBHOOKS.md)."""
 from __future__ import annotations
 
 import ipaddress
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from feeds.webhook import TRANSITIONS, Hook, StateError, apply_change
+from gateway.config import Config, ConfigError, load
 from gateway.webhook_guard import Guard, parse_allow, refusal, split_allow
 from restms.errors import BadRequest
 from restms.specs import PipeOptions, PipeSpec, creation, update
@@ -400,3 +403,33 @@ def test_a_put_verifies_a_new_callback_and_keeps_the_secret() -> None:
         apply_change(hook, kept, WebhookOptions(concurrency=100), limits)
     with pytest.raises(BadRequest, match="webhook pipes"):
         apply_change(None, {}, WebhookOptions(timeout=1.0), limits)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+def test_webhook_settings_from_toml_and_environment(tmp_path: Path) -> None:
+    path = tmp_path / "gateway.toml"
+    path.write_text(
+        'webhook_allow = ["10.0.0.0/8", "hooks.internal"]\nwebhook_timeout = 5.0\n',
+        encoding="utf-8",
+    )
+    config = load(str(path), env={"RESTMS_WEBHOOK_CONCURRENCY": "4"})
+    assert split_allow(config.webhook_allow) == ["10.0.0.0/8", "hooks.internal"]
+    limits = config.engine().webhooks
+    assert (limits.timeout, limits.concurrency, limits.concurrency_limit) == (5.0, 4, 16)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"webhook_allow": "10.0.0.0/33"}, "neither a CIDR nor a host name"),
+        ({"webhook_concurrency": 20}, "webhook_concurrency must be"),
+        ({"webhook_timeout": 90.0}, "webhook_timeout must be"),
+        ({"webhook_backoff_base": 0.0}, "webhook_backoff_base"),
+        ({"webhook_connections": 0}, "webhook_connections"),
+    ],
+)
+def test_bad_webhook_settings_stop_the_gateway(overrides: dict[str, Any], reason: str) -> None:
+    with pytest.raises(ConfigError, match=reason):
+        Config(**overrides)
