@@ -34,6 +34,16 @@ async def ensure(app: web.Application, pipe: Pipe, upto: int | None = None) -> N
         await _read_page(app, pipe)
 
 
+async def ahead(app: web.Application, pipe: Pipe, after: int) -> None:
+    """Read pages back until memory holds a message after position ``after``, or
+    nothing waits on disk: readers that leave what they read in the pipe (SSE,
+    WebSocket) walk on from the messages in memory to those on disk."""
+    while pipe.spilled and not pipe.deleted:
+        if pipe.messages and next(reversed(pipe.messages)) > after:
+            return
+        await _read_page(app, pipe)
+
+
 async def ack(app: web.Application, slot: Slot) -> int:
     """D4 across memory and disk: older messages on disk are read back and removed a
     page at a time, so memory never holds more than a page more than the budget."""

@@ -7,7 +7,9 @@ Both are readers of the same pipe cursor as the asynclet (one queue model):
   is the message document in RestMS JSON, with its ``href``. Messages stay in the
   pipe until the client DELETEs them (at-least-once). Reconnecting with
   ``Last-Event-ID: n`` resumes with the first message after position ``n``: nothing
-  still held is skipped, nothing already sent is sent again.
+  still held is skipped, nothing already sent is sent again. An id the pipe never
+  issued starts from the oldest message held (repeats, never a silent gap). Messages
+  waiting on disk past the memory budget are read back as the reader gets to them.
 * **stream pipes** (our extension, P6): a GET on the asynclet answers
   ``multipart/mixed`` over chunked transfer, one message document per part, and each
   message is deleted once its part is written (parts cannot be acknowledged).
@@ -35,9 +37,14 @@ from .authn import waiting
 from .keys import CONFIG, ENGINE
 
 
-def _last_event_id(request: web.Request) -> int:
+def _last_event_id(request: web.Request, pipe: Pipe) -> int:
+    """The position to resume after: 0 (the oldest message held) unless the header
+    names a position this pipe has issued."""
     value = request.headers.get("Last-Event-ID", "").strip()
-    return int(value) if value.isascii() and value.isdigit() else 0
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        return 0
+    after = int(value)
+    return after if after < pipe.next_seq else 0
 
 
 async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
@@ -58,15 +65,16 @@ async def _sse(
     config = request.app[CONFIG]
     engine = request.app[ENGINE]
     base = http.base(request)
-    after = _last_event_id(request)
+    after = _last_event_id(request, pipe)
     await response.prepare(request)
     await response.write(b"retry: 2000\n\n")
     deadline = time.monotonic() + http.bounded(request, config.stream_max)
     try:
         while not pipe.deleted:
-            await spill.ensure(request.app, pipe)  # below a page in memory: read more back
+            await spill.ahead(request.app, pipe, after)  # what waits on disk: read it back
             seen = pipe.version
-            for message in list(engine.stream(pipe, after)):
+            batch = list(engine.stream(pipe, after))
+            for message in batch:
                 data = restms.to_json(
                     views.doc(views.message_element(base, pipe, message, href=True))
                 )
@@ -76,6 +84,8 @@ async def _sse(
             remaining = deadline - time.monotonic()
             if remaining <= 0 or engine.closing:  # no await since the check: no lost wake-up
                 break
+            if batch and pipe.spilled:
+                continue  # more waits on disk: read it back now
             if not await pipe.changed(min(config.heartbeat, remaining), seen):
                 await response.write(b": keep-alive\n\n")
         if pipe.deleted:
