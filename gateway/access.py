@@ -99,7 +99,7 @@ def check(request: web.Request, target: object) -> None:
         if method in READS:
             _need(principal, "read", domain, target.name)
         elif method == "POST":
-            _need(principal, "publish", domain, target.name)
+            may_publish(request, target)
         elif method in ("PUT", "DELETE"):
             _need(principal, "publish", domain, target.name)
             if target.owner != principal.name and not principal.grants.allows(
@@ -111,6 +111,12 @@ def check(request: web.Request, target: object) -> None:
         _need(principal, "subscribe", pipe.domain.name, None)
     elif isinstance(target, StagedContent):
         _need(principal, "publish", target.feed.domain.name, target.feed.name)
+
+
+def may_publish(request: web.Request, feed: Feed) -> None:
+    """Publishing to a visible feed (a POST, or a WebSocket publish frame) needs
+    ``publish`` on it."""
+    _need(request[PRINCIPAL], "publish", feed.domain.name, feed.name)
 
 
 def may_create(request: web.Request, domain: Domain, spec: specs.FeedSpec | specs.PipeSpec) -> None:

@@ -72,6 +72,7 @@ class Authenticator:
         self.limiter = RateLimiter(config.rate_limit, config.rate_burst)
         self.failures = RateLimiter(FAILED_RATE, FAILED_BURST)
         self.waits = Slots(config.max_waits_per_principal)
+        self.sockets = Slots(config.websocket_max_per_principal)  # open WebSockets
         self.verifier: Verifier | None = None  # set when the app starts (keys are read)
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
         endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
@@ -193,11 +194,30 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     headers = request.headers
     forwarded = any(name in headers for name in FORWARDING)  # case-insensitive lookups
     principal = await authenticator.principal(
-        headers.get("Authorization"), request.remote, forwarded
+        headers.get("Authorization") or socket_bearer(headers), request.remote, forwarded
     )
     authenticator.take(principal)
     request[PRINCIPAL] = principal
     return await handler(request)
+
+
+SOCKET_BEARER = "restms.bearer."  # subprotocol prefix carrying a token (docs/BROWSER.md)
+
+
+def socket_bearer(headers: Mapping[str, str]) -> str | None:
+    """A browser cannot set ``Authorization`` on a WebSocket, so its upgrade request may
+    offer the bearer token as a subprotocol, ``restms.bearer.<token>``, instead.
+
+    Honoured on upgrade requests only; the gateway never selects that subprotocol, so
+    the token is not echoed back, and like every credential it is never logged.
+    """
+    if headers.get("Upgrade", "").lower() != "websocket":
+        return None
+    for offered in headers.get("Sec-WebSocket-Protocol", "").split(","):
+        protocol = offered.strip()
+        if protocol.startswith(SOCKET_BEARER):
+            return "Bearer " + protocol[len(SOCKET_BEARER) :]
+    return None
 
 
 # ---------------------------------------------------------------- start-up
@@ -308,14 +328,15 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
 
 
 @contextlib.contextmanager
-def waiting(request: web.Request) -> Any:
-    """Hold one of the principal's concurrent-wait slots (429 when it has none left)."""
-    slots = request.app[AUTH].waits
+def waiting(request: web.Request, *, socket: bool = False) -> Any:
+    """Hold one of the principal's concurrent-wait slots, or with ``socket`` one of its
+    WebSocket slots (429 when it has none left)."""
+    authenticator = request.app[AUTH]
+    slots = authenticator.sockets if socket else authenticator.waits
+    what = "WebSockets" if socket else "waiting requests or streams"
     name = request[PRINCIPAL].name
     if not slots.acquire(name):
-        raise TooManyRequests(
-            f"more than {slots.limit} waiting requests or streams open at once", 1
-        )
+        raise TooManyRequests(f"more than {slots.limit} {what} open at once", 1)
     try:
         yield
     finally:

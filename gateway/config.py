@@ -77,6 +77,13 @@ class Config:
     expired_wait_status: int = 503  # 500 for older clients (A9, L16)
     stream_max: float = 3600.0  # seconds a stream pipe or SSE response stays open
     heartbeat: float = 15.0  # seconds between SSE keep-alive comments
+    # WebSocket on a pipe (docs/BROWSER.md)
+    websocket_window: int = 100  # messages sent and not yet acknowledged, per socket, at most
+    websocket_max_frame: int = 1024 * 1024  # bytes in one client frame; larger closes (1009)
+    websocket_max_per_principal: int = 100  # WebSockets open at once per principal
+    websocket_heartbeat: float = 30.0  # seconds between pings; no pong in half that: closed
+    websocket_max_life: float = 3600.0  # seconds a WebSocket stays open
+    websocket_max_errors: int = 10  # refused frames in a row before the socket closes (1008)
     max_messages_per_request: int = 10_000
     max_headers_per_message: int = 128
     max_contents_per_message: int = 16
@@ -173,7 +180,8 @@ class Config:
         if self.store_sync not in ("full", "normal"):
             raise ConfigError('store_sync must be "full" or "normal"')
         keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
-        for key in (*keys, "journal_interval", "shutdown_grace"):
+        sockets = ("websocket_heartbeat", "websocket_max_life")
+        for key in (*keys, *sockets, "journal_interval", "shutdown_grace"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
@@ -185,6 +193,10 @@ class Config:
             "max_elements",
             "idempotency_max",
             "idempotency_bytes",
+            "websocket_window",
+            "websocket_max_frame",
+            "websocket_max_per_principal",
+            "websocket_max_errors",
         )
         for key in counts:
             if getattr(self, key) < 1:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import quote
 
 from aiohttp import web
 
@@ -24,10 +25,11 @@ from feeds.model import (
     StagedContent,
 )
 from restms import fastpath, specs
-from restms.errors import Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
+from restms.errors import BadRequest, Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
 from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
+from restms.uris import PREFIX, split_path, uri_path
 
-from . import access, http, idempotency, spill, streams, views, webhooks
+from . import access, http, idempotency, spill, streams, views, webhooks, websocket
 from .authn import waiting
 from .durability import committed
 from .keys import CONFIG, ENGINE, REPLIES
@@ -127,19 +129,52 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
             status=201, headers={"Location": http.base(request).resource(staged.key)}
         )
     fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
+    counts = await publish(request, feed, body, body_fmt)
+    return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
+
+
+async def publish(request: web.Request, feed: Feed, body: bytes, fmt: Format) -> list[int]:
+    """M5-M12: route the messages of a structured body into ``feed`` as the request's
+    principal, and wait until they are on disk; the count for each message.
+
+    The one publish path: a POST on a feed and a WebSocket publish frame both end here.
+    """
     config = request.app[CONFIG]
-    messages = fastpath.messages(body, body_fmt, config.codec, config.limits)
+    engine = request.app[ENGINE]
+    messages = fastpath.messages(body, fmt, config.codec, config.limits)
     counts = engine.publish(feed, messages, http.principal(request))
     try:
         await committed(request)
     except ServiceUnavailable:
         engine.forget(feed, messages)  # not accepted: a retry must not be a duplicate
         raise
-    return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
+    return counts
+
+
+async def publish_to(request: web.Request, where: str, body: bytes) -> list[int]:
+    """A WebSocket publish frame: ``where`` names a feed (its public name, or its URI,
+    absolute or path only) and ``body`` is a RestMS JSON document of messages.
+
+    The feed is looked up and checked as a POST on its URI would be (404 when it is
+    not there for this principal, 403 without the publish scope), then published to
+    by :func:`publish`.
+    """
+    path = where if "/" in where else f"{PREFIX}feed/{quote(where, safe='')}"
+    found = split_path(uri_path(path))
+    if found is None:
+        raise NotFound(f"no RestMS resource at {where}")
+    target = _find(request, *found)
+    access.visible(request, target)
+    if not isinstance(target, Feed):
+        raise BadRequest(f"{where} is not a feed: only feeds are published to")
+    access.may_publish(request, target)
+    return await publish(request, target, body, Format.JSON)
 
 
 # ---------------------------------------------------------------- pipes
 async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
+    if websocket.requested(request):
+        return await websocket.serve(request, pipe, publish_to)
     if accepts_event_stream(request.headers.get("Accept")):
         return await streams.sse(request, pipe)
     engine = request.app[ENGINE]
@@ -435,9 +470,11 @@ def _exists(request: web.Request, target: Any) -> bool:
 
 
 def _lookup(request: web.Request) -> Any:
+    return _find(request, request.match_info.route.name, request.match_info["name"])
+
+
+def _find(request: web.Request, kind: str | None, name: str) -> Any:
     engine = request.app[ENGINE]
-    kind = request.match_info.route.name
-    name = request.match_info["name"]
     if kind == "domain":
         return engine.domain(name)
     if kind == "feed":

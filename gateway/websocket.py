@@ -1,0 +1,417 @@
+"""WebSocket on a pipe: messages pushed, acknowledged and published over one socket
+(our extension; the protocol, its frames and close codes are in docs/BROWSER.md).
+
+Theory of operation
+-------------------
+A ``GET`` on a pipe URI with ``Upgrade: websocket`` is dispatched here by
+:func:`gateway.resources.get_pipe`, after the look-up, visibility and scope checks
+every GET of the pipe gets: another principal's pipe is 404 before any upgrade. The
+socket speaks the ``restms.v1`` subprotocol. It is one more reader of the pipe cursor,
+beside the asynclet and SSE (:mod:`gateway.streams`):
+
+* **Push.** Every message the pipe holds, oldest first, then each one as it arrives,
+  is sent as one text frame: the document an SSE event carries, with the message's
+  position. A sent message is leased like a GET or an SSE event (delivered again at a
+  new position unless acknowledged in time), and at most ``window`` sent messages wait
+  for their acknowledgement at once: past that, the socket waits for the client.
+* **Acknowledge.** An ``ack`` frame naming position ``n`` is a DELETE of message
+  ``n``: it and every older message leave the pipe, on disk before any answer. What is
+  not acknowledged stays, so a client that reconnects is sent it again.
+* **Publish.** A ``publish`` frame names a feed and carries RestMS JSON messages. It
+  takes one request from the principal's rate limit and goes through the same look-up,
+  access checks and engine call as a POST to that feed (the publisher is passed in:
+  :func:`gateway.resources.publish_to`). Its answer is the count for each message.
+* **Refusals.** A frame that cannot be served is answered with an ``error`` frame with
+  the status and reason an HTTP request would have got, and the socket stays open;
+  after ``websocket_max_errors`` refusals in a row it closes (1008). A frame over
+  ``websocket_max_frame`` bytes is not read at all: aiohttp closes with 1009.
+* **The end.** The pipe deleted (4404), the token expired (4401),
+  ``websocket_max_life`` reached (1000) and shutdown (1001) each send an ``end``
+  frame, then close with that code. A client that stops answering pings is dropped.
+
+Two tasks share a socket: the handler's own reads client frames and answers them in
+order (:meth:`Session.read`), the other pushes messages (:meth:`Session.push`).
+aiohttp writes each frame whole, so their frames never interleave. Waiting is
+``pipe.changed``, which a publish, an acknowledgement, a lease running out, the pipe's
+deletion and shutdown all wake; nothing polls and nothing blocks the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from itertools import islice
+
+import orjson
+from aiohttp import WSMsgType, web
+
+import restms
+from feeds.model import Pipe, Slot
+from restms.errors import (
+    BadRequest,
+    RestMSError,
+    ServiceUnavailable,
+    TooManyRequests,
+    UnsupportedMediaType,
+)
+from restms.specs import Duplicate
+
+from . import http, spill, views
+from .authn import AUTH, PRINCIPAL, waiting
+from .durability import commit
+from .keys import CONFIG, ENGINE
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "restms.v1"  # the subprotocol; offered protocols other than it are never chosen
+CLOSE_WAIT = 2.0  # seconds a closing socket waits for the client's close frame
+MAX_ID = 200  # characters of a client's correlation id at most
+MAX_FEED = 2048  # characters of a publish frame's feed reference at most
+MAX_POSITION = 2**63 - 1
+FRAMES = "ack, publish"
+
+# A publisher: (the upgrade request, a feed name or URI, a RestMS JSON document of
+# messages) -> the count for each message, raising RestMSError as a POST would.
+Publisher = Callable[[web.Request, str, bytes], Awaitable[list[int]]]
+Id = str | int
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """Why the gateway closes a socket: the close code and the reason it states."""
+
+    code: int
+    reason: str
+
+
+DELETED = End(4404, "the pipe was deleted")
+EXPIRED = End(4401, "the access token expired; reconnect with a fresh one")
+LIFE = End(1000, "the socket reached its maximum life; reconnect")
+SHUTDOWN = End(1001, "the gateway is shutting down; reconnect later")
+ABUSE = End(1008, "too many refused frames in a row")
+BROKEN = End(1011, "internal error; it has been logged")
+
+
+# ---------------------------------------------------------------- client frames (sans-IO)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ack:
+    """``{"type": "ack", "position": n}``: delete message ``n`` and every older one."""
+
+    position: int
+    id: Id | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Publish:
+    """``{"type": "publish", "feed": ..., "message": ...}``; ``body`` is the messages
+    as the RestMS JSON document a POST would carry."""
+
+    feed: str
+    body: bytes
+    id: Id | None = None
+
+
+_MEMBERS = {"ack": {"type", "id", "position"}, "publish": {"type", "id", "feed", "message"}}
+
+
+def frame_object(data: str) -> dict[str, object]:
+    """A client frame's JSON object; 400 for anything else."""
+    try:
+        frame = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"malformed JSON: {exc}") from exc
+    if not isinstance(frame, dict):
+        raise BadRequest("a frame must be a JSON object")
+    return frame
+
+
+def frame_id(frame: dict[str, object]) -> Id | None:
+    """The client's correlation id, echoed in the answer; 400 when it is not one."""
+    ident = frame.get("id")
+    if ident is None:
+        return None
+    if isinstance(ident, str) and len(ident) <= MAX_ID:
+        return ident
+    if isinstance(ident, int) and not isinstance(ident, bool) and abs(ident) < 2**53:
+        return ident
+    raise BadRequest(f"id must be a string of at most {MAX_ID} characters or a whole number")
+
+
+def command(frame: dict[str, object], ident: Id | None) -> Ack | Publish:
+    """What a client frame asks for; 400 naming what is wrong with it."""
+    kind = frame.get("type")
+    members = _MEMBERS.get(kind) if isinstance(kind, str) else None
+    if members is None:
+        raise BadRequest(f"unknown frame type {kind!r}: the types are {FRAMES}")
+    unknown = sorted(set(frame) - members)
+    if unknown:
+        raise BadRequest(f"unknown member {unknown[0]!r} in a {kind} frame")
+    if kind == "ack":
+        position = frame.get("position")
+        if (
+            not isinstance(position, int)
+            or isinstance(position, bool)
+            or not 0 <= position <= MAX_POSITION
+        ):
+            raise BadRequest("an ack frame needs position, a whole number from 0")
+        return Ack(position=position, id=ident)
+    feed = frame.get("feed")
+    if not isinstance(feed, str) or not 0 < len(feed) <= MAX_FEED:
+        raise BadRequest(f"a publish frame needs feed, a name or URI of 1 to {MAX_FEED} characters")
+    messages = frame.get("message")
+    if isinstance(messages, dict):
+        messages = [messages]
+    if not isinstance(messages, list):
+        raise BadRequest("a publish frame needs message, a message object or a list of them")
+    body = orjson.dumps({"restms": {"message": messages}})
+    return Publish(feed=feed, body=body, id=ident)
+
+
+# ---------------------------------------------------------------- server frames
+def _with_id(frame: dict[str, object], ident: Id | None) -> bytes:
+    if ident is not None:
+        frame["id"] = ident
+    return orjson.dumps(frame)
+
+
+def error_frame(exc: RestMSError, ident: Id | None) -> bytes:
+    """The status and reason an HTTP request would have got (and its Retry-After)."""
+    frame: dict[str, object] = {"type": "error", "status": exc.status, "reason": exc.reason}
+    if isinstance(exc, ServiceUnavailable | TooManyRequests):
+        frame["retry_after"] = exc.retry_after
+    return _with_id(frame, ident)
+
+
+def published_frame(counts: list[int], ident: Id | None) -> bytes:
+    """A publish's answer: per message, how many joins took it (F18), and whether it
+    was a repeat of a recent ``message_id`` that was not routed again."""
+    answers = [
+        {"count": int(n), "duplicate": True} if isinstance(n, Duplicate) else {"count": n}
+        for n in counts
+    ]
+    return _with_id({"type": "published", "message": answers}, ident)
+
+
+def end_frame(end: End) -> bytes:
+    return orjson.dumps({"type": "end", "code": end.code, "reason": end.reason})
+
+
+# ---------------------------------------------------------------- the handler
+def requested(request: web.Request) -> bool:
+    """Whether a GET asks to become a WebSocket."""
+    return request.method == "GET" and request.headers.get("Upgrade", "").lower() == "websocket"
+
+
+def _window(request: web.Request, most: int) -> int:
+    value = request.query.get("window")
+    if value is None:
+        return most
+    if not (value.isascii() and value.isdigit() and len(value) <= 9 and 1 <= int(value) <= most):
+        raise BadRequest(f"window must be a whole number from 1 to {most}")
+    return int(value)
+
+
+async def serve(request: web.Request, pipe: Pipe, publish: Publisher) -> web.StreamResponse:
+    """Upgrade to a WebSocket on ``pipe`` and serve it until it closes.
+
+    Everything that can be refused is refused before the upgrade, as a text/plain
+    reply: a bad ``window`` (400), a malformed upgrade (400), no slot left (429).
+    """
+    config = request.app[CONFIG]
+    window = _window(request, config.websocket_window)
+    ws = web.WebSocketResponse(
+        protocols=(PROTOCOL,),
+        heartbeat=config.websocket_heartbeat,
+        max_msg_size=config.websocket_max_frame,
+        timeout=CLOSE_WAIT,
+    )
+    if not ws.can_prepare(request).ok:
+        raise BadRequest(
+            "not a WebSocket upgrade: it needs Connection: Upgrade, Upgrade: websocket, "
+            "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key"
+        )
+    with waiting(request, socket=True):
+        await ws.prepare(request)
+        await Session(request, ws, pipe, window, publish).run()
+    return ws
+
+
+class Session:
+    """One open socket on one pipe: what it has sent, and how it ends."""
+
+    __slots__ = (
+        "after",
+        "end",
+        "ending",
+        "pipe",
+        "publish",
+        "refused",
+        "request",
+        "sent",
+        "window",
+        "ws",
+    )
+
+    def __init__(
+        self,
+        request: web.Request,
+        ws: web.WebSocketResponse,
+        pipe: Pipe,
+        window: int,
+        publish: Publisher,
+    ) -> None:
+        self.request = request
+        self.ws = ws
+        self.pipe = pipe
+        self.window = window
+        self.publish = publish
+        self.after = 0  # the newest position sent
+        self.sent: deque[int] = deque()  # positions sent, oldest first (some gone since)
+        self.refused = 0  # frames refused in a row
+        self.end: End | None = None  # set once the gateway closes the socket
+        self.ending = False  # the pusher is closing the socket itself
+
+    async def run(self) -> None:
+        pusher = asyncio.create_task(self.push(), name="websocket-push")
+        try:
+            await self.read()
+        except Exception:
+            # A bug, not bad input (bad input is answered with an error frame).
+            log.exception("WebSocket session failed")
+            await self.finish(BROKEN)
+        finally:
+            if not self.ending:
+                pusher.cancel()  # the client went, or the reader ended the socket
+            try:
+                await asyncio.wait([pusher])
+            finally:
+                pusher.cancel()  # this handler itself was cancelled
+        if not pusher.cancelled() and pusher.exception() is not None:
+            log.error("WebSocket push failed", exc_info=pusher.exception())
+
+    # ------------------------------------------------------------ server -> client
+    def _in_flight(self) -> int:
+        """Sent messages still in the pipe: positions leave once acknowledged (or moved
+        by a lease that ran out), oldest first."""
+        sent, held = self.sent, self.pipe.messages
+        while sent and sent[0] not in held:
+            sent.popleft()
+        return len(sent)
+
+    async def push(self) -> None:
+        """Send what the pipe holds and what arrives, within the window, until the end."""
+        request, pipe, ws = self.request, self.pipe, self.ws
+        app = request.app
+        engine = app[ENGINE]
+        base = http.base(request)
+        life = http.bounded(request, app[CONFIG].websocket_max_life)
+        deadline = time.monotonic() + life
+        try:
+            while not pipe.deleted:
+                await spill.ahead(app, pipe, self.after)  # read back what waits on disk
+                seen = pipe.version
+                room = self.window - self._in_flight()
+                batch = list(islice(engine.stream(pipe, self.after), max(0, room)))
+                for message in batch:
+                    element = views.message_element(base, pipe, message, href=True)
+                    document = restms.to_json(views.doc(element))
+                    # The SSE event's document, with the type and position spliced in.
+                    frame = b'{"type":"message","position":%d,%s' % (message.seq, document[1:])
+                    await ws.send_frame(frame, WSMsgType.TEXT)
+                    engine.lease(pipe, message)  # sent: delivered again unless acknowledged
+                    self.sent.append(message.seq)
+                    self.after = message.seq
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or engine.closing:  # no await since: no lost wake-up
+                    break
+                if not (batch and pipe.spilled):  # else more waits on disk: read it now
+                    await pipe.changed(remaining, seen)
+            if pipe.deleted:
+                end = DELETED
+            elif engine.closing:
+                end = SHUTDOWN
+            elif http.credential_life(request) <= 0:
+                end = EXPIRED
+            else:
+                end = LIFE
+        except ServiceUnavailable as exc:  # what waits on disk cannot be read back now
+            end = End(1013, exc.reason)
+        except ConnectionError:
+            return  # the client went away; its messages stay in the pipe
+        self.ending = True
+        await self.finish(end)
+
+    async def finish(self, end: End) -> None:
+        """Say why, then close with that code (once)."""
+        if self.end is not None:
+            return
+        self.end = end
+        with contextlib.suppress(ConnectionError):
+            await self.ws.send_frame(end_frame(end), WSMsgType.TEXT)
+        await self.ws.close(code=end.code, message=end.reason.encode()[:123])
+
+    # ------------------------------------------------------------ client -> server
+    async def read(self) -> None:
+        """Answer the client's frames in order until the socket closes."""
+        limit = self.request.app[CONFIG].websocket_max_errors
+        async for received in self.ws:
+            if http.credential_life(self.request) <= 0:
+                await self.finish(EXPIRED)  # nothing is served on an expired token
+                return
+            if received.type is WSMsgType.TEXT:
+                answer = await self.answer(received.data)
+            elif received.type is WSMsgType.BINARY:
+                self.refused += 1
+                refusal = UnsupportedMediaType("binary frames are not read: send JSON text")
+                answer = error_frame(refusal, None)
+            else:
+                continue  # an error: aiohttp has closed the socket (1009 for a frame too big)
+            try:
+                if answer is not None:
+                    await self.ws.send_frame(answer, WSMsgType.TEXT)
+            except ConnectionError:
+                return
+            if self.refused >= limit:
+                await self.finish(ABUSE)
+                return
+
+    async def answer(self, data: str) -> bytes | None:
+        """Serve one text frame: its answer, or None (an ack without an id)."""
+        ident: Id | None = None
+        try:
+            frame = frame_object(data)
+            ident = frame_id(frame)
+            asked = command(frame, ident)
+            if isinstance(asked, Ack):
+                answer = await self.ack(asked)
+            else:
+                answer = await self.publish_frame(asked)
+        except RestMSError as exc:
+            self.refused += 1
+            return error_frame(exc, ident)
+        self.refused = 0
+        return answer
+
+    async def ack(self, asked: Ack) -> bytes | None:
+        """D4 for ``position``: this message and every older one leave the pipe."""
+        app = self.request.app
+        removed = await spill.ack(app, Slot(self.pipe, asked.position))
+        await commit(app)  # no answer before the acknowledgement is on disk
+        if asked.id is None:
+            return None
+        frame = {"type": "acked", "position": asked.position, "removed": removed}
+        return _with_id(frame, asked.id)
+
+    async def publish_frame(self, asked: Publish) -> bytes:
+        request = self.request
+        request.app[AUTH].take(request[PRINCIPAL])  # a publish frame is a request
+        counts = await self.publish(request, asked.feed, asked.body)
+        return published_frame(counts, asked.id)
+
+
+__all__ = ["PROTOCOL", "End", "Session", "requested", "serve"]
