@@ -24,6 +24,7 @@ from .keys import CONFIG, ENGINE, REPLIES, STORE
 from .middleware import errors
 from .shutdown import IN_FLIGHT, InFlight, draining, last_on_connection
 from .webhooks import HOOKS, Webhooks, webhooks_context
+from .websocket import FRAMES, Frames
 
 log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +43,7 @@ def build_app(config: Config) -> web.Application:
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     app[BRIDGES] = make_registry(app)
     app[HOOKS] = Webhooks(app)
+    app[FRAMES] = Frames()  # WebSocket message frames (docs/BROWSER.md)
     for kind in ("domain", "feed", "resource"):
         app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)

@@ -51,7 +51,7 @@ import orjson
 from aiohttp import WSMsgType, web
 
 import restms
-from feeds.model import Pipe, Slot
+from feeds.model import Blob, Message, Pipe, Slot
 from restms.errors import (
     BadRequest,
     RestMSError,
@@ -60,6 +60,7 @@ from restms.errors import (
     UnsupportedMediaType,
 )
 from restms.specs import Duplicate
+from restms.uris import Base
 
 from . import http, spill, views
 from .authn import AUTH, PRINCIPAL, waiting
@@ -73,7 +74,7 @@ CLOSE_WAIT = 2.0  # seconds a closing socket waits for the client's close frame
 MAX_ID = 200  # characters of a client's correlation id at most
 MAX_FEED = 2048  # characters of a publish frame's feed reference at most
 MAX_POSITION = 2**63 - 1
-FRAMES = "ack, publish"
+TYPES = "ack, publish"
 
 # A publisher: (the upgrade request, a feed name or URI, a RestMS JSON document of
 # messages) -> the count for each message, raising RestMSError as a POST would.
@@ -147,7 +148,7 @@ def command(frame: dict[str, object], ident: Id | None) -> Ack | Publish:
     kind = frame.get("type")
     members = _MEMBERS.get(kind) if isinstance(kind, str) else None
     if members is None:
-        raise BadRequest(f"unknown frame type {kind!r}: the types are {FRAMES}")
+        raise BadRequest(f"unknown frame type {kind!r}: the types are {TYPES}")
     unknown = sorted(set(frame) - members)
     if unknown:
         raise BadRequest(f"unknown member {unknown[0]!r} in a {kind} frame")
@@ -199,6 +200,45 @@ def published_frame(counts: list[int], ident: Id | None) -> bytes:
 
 def end_frame(end: End) -> bytes:
     return orjson.dumps({"type": "end", "code": end.code, "reason": end.reason})
+
+
+class Frames:
+    """Message frames for one gateway's sockets.
+
+    A frame is the document an SSE event carries, with the type and position in
+    front. In a fan-out every pipe sends the same message and only its ``href`` (the
+    pipe's key and the position) differs, so the rest of the last document rendered
+    is kept and reused: the thousandth copy costs a format, not a render. Messages
+    with staged contents name them per pipe and are rendered each time.
+    """
+
+    __slots__ = ("_key", "_tail")
+    HEAD = b'{"restms":{"message":[{'
+
+    def __init__(self) -> None:
+        self._key: tuple[object, ...] | None = None
+        self._tail = b""
+
+    def message(self, base: Base, pipe: Pipe, message: Message) -> bytes:
+        parts = tuple(message.parts)
+        shared = not any(isinstance(part, Blob) for part in parts)
+        key = (message.spec, base.root, message.feed_name, message.redeliveries, parts)
+        if shared and key == self._key:
+            tail = self._tail
+        else:
+            document = restms.to_json(views.doc(views.message_element(base, pipe, message)))
+            tail = document[len(self.HEAD) :]  # the attributes after the href, and the rest
+            if shared:
+                self._key, self._tail = key, tail
+        href = orjson.dumps(views.message_uri(base, pipe, message.seq))
+        return b'{"type":"message","position":%d,"restms":{"message":[{"href":%s,%s' % (
+            message.seq,
+            href,
+            tail,
+        )
+
+
+FRAMES = web.AppKey("websocket_frames", Frames)
 
 
 # ---------------------------------------------------------------- the handler
@@ -307,7 +347,7 @@ class Session:
         """Send what the pipe holds and what arrives, within the window, until the end."""
         request, pipe, ws = self.request, self.pipe, self.ws
         app = request.app
-        engine = app[ENGINE]
+        engine, frames = app[ENGINE], app[FRAMES]
         base = http.base(request)
         life = http.bounded(request, app[CONFIG].websocket_max_life)
         deadline = time.monotonic() + life
@@ -318,11 +358,7 @@ class Session:
                 room = self.window - self._in_flight()
                 batch = list(islice(engine.stream(pipe, self.after), max(0, room)))
                 for message in batch:
-                    element = views.message_element(base, pipe, message, href=True)
-                    document = restms.to_json(views.doc(element))
-                    # The SSE event's document, with the type and position spliced in.
-                    frame = b'{"type":"message","position":%d,%s' % (message.seq, document[1:])
-                    await ws.send_frame(frame, WSMsgType.TEXT)
+                    await ws.send_frame(frames.message(base, pipe, message), WSMsgType.TEXT)
                     engine.lease(pipe, message)  # sent: delivered again unless acknowledged
                     self.sent.append(message.seq)
                     self.after = message.seq
@@ -398,12 +434,17 @@ class Session:
         return answer
 
     async def ack(self, asked: Ack) -> bytes | None:
-        """D4 for ``position``: this message and every older one leave the pipe."""
+        """D4 for ``position``: this message and every older one leave the pipe.
+
+        Without an id nobody waits for an answer: the journal's next background commit
+        (within ``journal_interval``) writes it, and a crash before that only delivers
+        those messages again. With an id the answer waits until it is on disk.
+        """
         app = self.request.app
         removed = await spill.ack(app, Slot(self.pipe, asked.position))
-        await commit(app)  # no answer before the acknowledgement is on disk
         if asked.id is None:
             return None
+        await commit(app)
         frame = {"type": "acked", "position": asked.position, "removed": removed}
         return _with_id(frame, asked.id)
 
@@ -414,4 +455,4 @@ class Session:
         return published_frame(counts, asked.id)
 
 
-__all__ = ["PROTOCOL", "End", "Session", "requested", "serve"]
+__all__ = ["FRAMES", "PROTOCOL", "End", "Frames", "Session", "requested", "serve"]

@@ -252,6 +252,35 @@ async def test_messages_on_disk_past_the_memory_budget_are_all_sent(
     assert ids(frames) == values
 
 
+async def test_each_pipe_gets_its_own_hrefs_in_a_fanout(gw: Gateway) -> None:
+    """Frames of one message to many pipes differ in the pipe's own URIs only."""
+    news = await fanout(gw, "wide")
+    pipes = [await new_pipe(gw) for _ in range(3)]
+    for pipe in pipes:
+        await join(gw, pipe, news)
+    async with gw.http.post(news, data=b"staged bytes", headers={"Content-Type": "x/y"}) as r:
+        assert r.status == 201
+        staged = r.headers["Location"]
+    sockets = [await connect(gw, pipe["uri"]) for pipe in pipes]
+    try:
+        embedded = {"message_id": "e", "content": [{"type": "text/plain", "value": "same"}]}
+        linked = {"message_id": "s", "content": [{"href": staged}]}
+        assert await publish(gw, news, embedded, linked) == [3, 3]
+        for pipe, ws in zip(pipes, sockets, strict=True):
+            first, second = (message(frame) for frame in await deliveries(ws, 2))
+            assert first["href"].endswith(f"/{pipe['name']}.1")
+            assert first["content"] == [
+                {"type": "text/plain", "encoding": "plain", "value": "same"}
+            ]
+            (content,) = second["content"]
+            assert content["href"].endswith(f"/{pipe['name']}.2.0")  # this pipe's copy
+            async with gw.http.get(content["href"]) as r:
+                assert await r.read() == b"staged bytes"
+    finally:
+        for ws in sockets:
+            await ws.close()
+
+
 # ---------------------------------------------------------------- publishing
 async def test_publish_over_the_socket_reaches_other_pipes(gw: Gateway) -> None:
     news = await fanout(gw, "news")
