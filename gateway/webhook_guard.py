@@ -43,6 +43,7 @@ Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 _UNIQUE_LOCAL = ipaddress.IPv6Network("fc00::/7")
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 RESOLVE_TIMEOUT = 10.0  # seconds a creation may wait for the callback's host to resolve
+LITERALS = 4096  # hosts whose verdict is remembered (the policy is fixed for a run)
 
 
 def carried(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
@@ -117,6 +118,7 @@ class Guard:
 
     def __init__(self, allow: Iterable[str] = ()) -> None:
         self.networks, self.hosts = parse_allow(allow)
+        self._literals: dict[str, str | None] = {}  # host -> why_not, for hosts seen
 
     def why_not(self, ip: Address) -> str | None:
         """Why the guard refuses ``ip`` (None: allowed, by policy or by configuration)."""
@@ -133,11 +135,18 @@ class Guard:
 
     def check_literal(self, host: str) -> None:
         """At connect time: an address literal host must be allowed (RefusedAddress)."""
-        try:
-            ip = ipaddress.ip_address(host.strip("[]"))
-        except ValueError:
-            return  # a name: the resolver checks what it resolves to
-        reason = self.why_not(ip)
+        if host in self._literals:
+            reason = self._literals[host]
+        else:
+            try:
+                ip = ipaddress.ip_address(host.strip("[]"))
+            except ValueError:
+                reason = None  # a name: the resolver checks what it resolves to
+            else:
+                reason = self.why_not(ip)
+            if len(self._literals) >= LITERALS:
+                self._literals.clear()
+            self._literals[host] = reason
         if reason is not None:
             raise RefusedAddress(f"the callback address is {reason}")
 
