@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import multiprocessing
 import os
 import re
 import signal
@@ -17,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +238,67 @@ def stop_all() -> None:
 
 class BenchError(RuntimeError):
     """A benchmark run that cannot give a figure (a peer or the gateway failed)."""
+
+
+class Child:
+    """A spawned worker process (no loop or socket state inherited) and the benchmark's
+    end of its pipe: ``(tag, value)`` messages from it, ``None`` to it to stop it."""
+
+    def __init__(self, name: str, target: Callable[[Connection], None]) -> None:
+        spawn = multiprocessing.get_context("spawn")
+        self.conn, child = spawn.Pipe()
+        self.proc = spawn.Process(target=target, args=(child,), name=name, daemon=True)
+        self.proc.start()
+        child.close()
+        self.name = name
+
+    def expect(self, what: str, timeout: float) -> Any:
+        """The next message, which must be tagged ``what`` and carry no error."""
+        if not self.conn.poll(timeout):
+            raise BenchError(f"{self.name}: no {what} within {timeout:g} s")
+        tag, value = self.conn.recv()
+        if tag != what:
+            raise BenchError(f"{self.name}: {tag} {value!r} instead of {what}")
+        if isinstance(value, dict) and "error" in value:
+            raise BenchError(f"{self.name}: {value['error']}")
+        return value
+
+    def close(self) -> None:
+        if self.proc.is_alive():
+            with contextlib.suppress(OSError):
+                self.conn.send(None)
+            self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(5)
+        self.conn.close()
+
+
+Runs = dict[str, dict[str, Any]]  # one round's figures, by run name
+
+
+def play_rounds(
+    out: dict[str, Any],
+    rounds: int,
+    names: tuple[str, ...],
+    one: Callable[[int, str], dict[str, Any]],
+    ratios_of: Callable[[Runs], dict[str, float]],
+    problems_of: Callable[[dict[str, Any]], list[str]],
+    report: Callable[[str, Runs, dict[str, float]], None],
+) -> None:
+    """``rounds`` rounds of the runs ``names``, each ``one(round, name)``, in that order
+    and every other round backwards; each round's runs, ratios and problems go to
+    ``out["rounds"]`` and are logged."""
+    out["rounds"] = []
+    for n in range(rounds):
+        order = names if n % 2 == 0 else names[::-1]
+        runs = {name: one(n, name) for name in order}
+        ratios = ratios_of(runs)
+        problems = {name: p for name in names if (p := problems_of(runs[name]))}
+        out["rounds"].append({"round": n, "runs": runs, "ratios": ratios, "problems": problems})
+        report(f"round {n + 1}/{rounds}", runs, ratios)
+        for name, found in problems.items():
+            log(f"  !! {name}: {', '.join(found)}")
 
 
 async def json_reply(reply: Any, expect: tuple[int, ...]) -> Any:

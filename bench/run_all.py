@@ -5,12 +5,14 @@
     bench/run --only auth      # one section (here benchmark 8)
     bench/run --only amqp      # benchmark 9: the AMQP 1.0 bridge (needs RabbitMQ)
     bench/run --only zeromq    # benchmark 10: the ZeroMQ bridge
+    bench/run --only webhooks  # benchmark 11: webhook pipe delivery
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
 generator on the same machine; benchmark 8's baseline is the same gateway answering
 guest requests, benchmark 9's a raw asynchronous proton client on the same broker,
-benchmark 10's raw pyzmq PUSH -> PULL between two processes.
+benchmark 10's raw pyzmq PUSH -> PULL between two processes, benchmark 11's a plain
+aiohttp client POSTing the same documents to the same receiver.
 Raw per-round results go to bench/results/results-<time>.json (and latest.json). All
 servers and clients are started here on 127.0.0.1 and stopped on every exit path.
 """
@@ -35,6 +37,7 @@ from bench import (
     backlog,
     latency,
     throughput,
+    webhooks,
     zeromq_bridge,
 )
 from bench.common import RESULTS, log, machine, median, start, stop_all
@@ -99,6 +102,10 @@ def section_amqp(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_zeromq(args: argparse.Namespace) -> dict[str, Any]:
     return zeromq_bridge.run(args.rounds, args.zmq_count, args.zmq_durable)
+
+
+def section_webhooks(args: argparse.Namespace) -> dict[str, Any]:
+    return webhooks.run(args.webhook_rounds, args.webhook_count, args.webhook_samples)
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -169,6 +176,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(_auth_rows(results.get("auth", {})))
     rows.extend(_amqp_rows(results.get("amqp", {})))
     rows.extend(_zeromq_rows(results.get("zeromq", {})))
+    rows.extend(_webhook_rows(results.get("webhooks", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -288,6 +296,39 @@ def _zeromq_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "ratio": data[f"{path}_ratio"],
                 "target": f">= {zeromq_bridge.TARGET:.0%} of raw, none lost",
                 "pass": data[f"{path}_pass"],
+            }
+        )
+    return rows
+
+
+def _webhook_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 11; ratios are medians of per-round ratios. No target: information."""
+    if not data.get("rounds"):
+        return []
+    rows: list[dict[str, Any]] = []
+    for lanes in (1, 8):
+        rows.append(
+            {
+                "benchmark": f"11. webhook delivery, concurrency {lanes}, 1 KiB "
+                f"(baseline: plain client, {lanes} at a time)",
+                "unit": "msg/s",
+                "gateway": data[f"gw{lanes}_median"],
+                "bare": data[f"base{lanes}_median"],
+                "ratio": data[f"c{lanes}_ratio"],
+                "target": "all delivered, once" + (", in order" if lanes == 1 else ""),
+                "pass": not data["problems"],
+            }
+        )
+    for key in ("p50", "p99"):
+        rows.append(
+            {
+                "benchmark": f"11. publish->receiver latency {key} (baseline: POST->receiver)",
+                "unit": "ms",
+                "gateway": data[f"gwlat_{key}_ms"],
+                "bare": data[f"baselat_{key}_ms"],
+                "ratio": data[f"{key}_ratio"],
+                "target": "(none)",
+                "pass": None,
             }
         )
     return rows
@@ -447,13 +488,25 @@ def main() -> int:
     parser.add_argument("--backlog-rounds", type=int, default=1, help="rounds for 6-7")
     parser.add_argument("--amqp-count", type=int, default=20_000, help="messages per run, #9")
     parser.add_argument("--zmq-count", type=int, default=100_000, help="messages per run, #10")
+    parser.add_argument("--webhook-count", type=int, default=10_000, help="messages per run, #11")
+    parser.add_argument("--webhook-samples", type=int, default=1000, help="latency samples, #11")
+    parser.add_argument("--webhook-rounds", type=int, default=3, help="rounds for #11")
     parser.add_argument(
         "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
     )
     parser.add_argument(
         "--only",
         nargs="*",
-        choices=["throughput", "latency", "asynclets", "backlog", "auth", "amqp", "zeromq"],
+        choices=[
+            "throughput",
+            "latency",
+            "asynclets",
+            "backlog",
+            "auth",
+            "amqp",
+            "zeromq",
+            "webhooks",
+        ],
         default=None,
     )
     parser.add_argument("--quick", action="store_true", help="1 round, short runs")
@@ -464,6 +517,9 @@ def main() -> int:
         args.backlog = min(args.backlog, 100_000)
         args.amqp_count = min(args.amqp_count, 5_000)
         args.zmq_count = min(args.zmq_count, 20_000)
+        args.webhook_rounds = 1
+        args.webhook_count = min(args.webhook_count, 2_000)
+        args.webhook_samples = min(args.webhook_samples, 200)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -483,6 +539,7 @@ def main() -> int:
         "auth": section_auth,
         "amqp": section_amqp,
         "zeromq": section_zeromq,
+        "webhooks": section_webhooks,
     }
     t0 = time.monotonic()
     try:

@@ -38,8 +38,6 @@ counters must show every message received, published and sent once, none dropped
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import multiprocessing
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -52,6 +50,7 @@ from bench import rest
 from bench.common import (
     PAYLOAD_SIZE,
     BenchError,
+    Child,
     Server,
     cpu_seconds,
     json_reply,
@@ -59,6 +58,7 @@ from bench.common import (
     machine_busy,
     median,
     payload,
+    play_rounds,
     start,
     system_ticks,
 )
@@ -206,42 +206,17 @@ def _peer(conn: Connection) -> None:
         ctx.term()
 
 
-class Peer:
+class Peer(Child):
     """The benchmark's end of one worker process."""
 
     def __init__(self, name: str) -> None:
-        spawn = multiprocessing.get_context("spawn")  # no zmq or loop state inherited
-        self.conn, child = spawn.Pipe()
-        self.proc = spawn.Process(target=_peer, args=(child,), name=name, daemon=True)
-        self.proc.start()
-        child.close()
-        self.name = name
+        super().__init__(name, _peer)
 
     def command(self, op: str, **arguments: Any) -> None:
         self.conn.send((op, arguments))
 
-    def expect(self, what: str, timeout: float) -> Any:
-        if not self.conn.poll(timeout):
-            raise BenchError(f"peer {self.name}: no {what} within {timeout:g} s")
-        tag, value = self.conn.recv()
-        if tag != what:
-            raise BenchError(f"peer {self.name}: {tag} {value!r} instead of {what}")
-        if isinstance(value, dict) and "error" in value:
-            raise BenchError(f"peer {self.name}: {value['error']}")
-        return value
-
     def go(self) -> None:
         self.conn.send("go")
-
-    def close(self) -> None:
-        if self.proc.is_alive():
-            with contextlib.suppress(OSError):
-                self.conn.send(None)
-            self.proc.join(5)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(5)
-        self.conn.close()
 
 
 # ---------------------------------------------------------------- the gateway side
@@ -453,18 +428,15 @@ def run(rounds: int, count: int, durable: bool = False) -> dict[str, Any]:
             wrong = _check(run_once(sender, receiver, name, warm, gateway, endpoints))
             if wrong:
                 raise BenchError(f"warm-up of {name}: {', '.join(wrong)}")
-        out["rounds"] = []
-        for n in range(rounds):
-            order = RUNS if n % 2 == 0 else RUNS[::-1]
-            runs = {
-                name: run_once(sender, receiver, name, count, gateway, endpoints) for name in order
-            }
-            ratios = {path: runs[path]["msg_per_s"] / runs["raw3"]["msg_per_s"] for path in "ab"}
-            problems = {name: p for name in RUNS if (p := _check(runs[name]))}
-            out["rounds"].append({"round": n, "runs": runs, "ratios": ratios, "problems": problems})
-            _log_round(f"round {n + 1}/{rounds}", runs, ratios)
-            for name, found in problems.items():
-                log(f"  !! {name}: {', '.join(found)}")
+        play_rounds(
+            out,
+            rounds,
+            RUNS,
+            lambda _, name: run_once(sender, receiver, name, count, gateway, endpoints),
+            lambda runs: {p: runs[p]["msg_per_s"] / runs["raw3"]["msg_per_s"] for p in "ab"},
+            _check,
+            _log_round,
+        )
         if not gateway.alive():
             raise BenchError("the gateway died")
     finally:
