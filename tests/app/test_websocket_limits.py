@@ -84,6 +84,10 @@ async def test_a_browser_sends_its_token_as_a_subprotocol(make_gateway: MakeGate
     # A non-browser client may send Authorization as on any request.
     async with await connect(gw, pipe, headers=who["alice"].auth) as ws:
         assert ws.protocol == PROTOCOL
+    async with await connect(gw, pipe, headers=who["alice"].auth, protocols=()) as ws:
+        assert ws.protocol is None  # none offered: served all the same
+        await ws.send_json({"type": "ack", "position": 1, "id": 2})
+        assert (await expect(ws, "acked"))["id"] == 2
     # Without credentials (anonymous is off): 401 before the upgrade.
     assert (await refused(gw, pipe)).status == 401
     # A token that is not one: 401.
