@@ -255,7 +255,10 @@ class Worker:
                 await self._verify()
             if self.hook.delivering and self._current():
                 lanes = self.hook.options.concurrency or 1
-                await asyncio.gather(*(self._lane() for _ in range(lanes)))
+                if lanes == 1:
+                    await self._lane()  # in order: this task is the only one
+                else:
+                    await asyncio.gather(*(self._lane() for _ in range(lanes)))
         finally:
             if not self.pipe.deleted:
                 self.engine.pin(self.pipe, False)  # an ended or failed pipe may be collected

@@ -770,3 +770,27 @@ async def test_json_numbers_are_accepted_and_shown_as_strings(
     assert (shown["timeout"], shown["max_age"]) == ("1.5", "30")
     async with gw.http.get(r.headers["Location"], headers=AJ) as again:
         assert again.status == 200
+
+
+async def test_a_delivering_pipe_is_never_idle_but_an_ended_one_is_collected(
+    make_gateway: MakeGateway,
+) -> None:
+    receiver = await Receiver().start()
+    try:
+        gw = await make_gateway(**FAST, pipe_idle_timeout=0.5, sweep_interval=0.1)
+        kept = await webhook(gw, receiver.url, secret=SECRET)
+        await until_state(gw, kept, state="active")
+
+        async def gone(_: Delivery) -> web.StreamResponse:
+            return web.Response(status=410)
+
+        ended = await webhook(gw, receiver.url, secret=SECRET)
+        await until_state(gw, ended, state="active")
+        receiver.answer = gone
+        await send(gw, ended, "m1")
+        await until(lambda: ended["name"] not in gw.engine.hooks, "the ended pipe to go")
+        await asyncio.sleep(1.0)  # well past the idle timeout, no request on either
+        assert kept["name"] in gw.engine.hooks  # its worker holds it
+        assert workers() == 1
+    finally:
+        await receiver.stop()
