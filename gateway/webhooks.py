@@ -166,6 +166,8 @@ class Webhooks:
         if worker is not None and worker.generation == pipe.hook.generation:
             self._workers[pipe.key] = worker  # nothing it runs with has changed
             return
+        if worker is not None:
+            self._stop(worker)  # the new one starts once it has stopped
         self._workers[pipe.key] = Worker(self, pipe, pipe.hook, worker)
 
     def _stop(self, worker: Worker) -> None:
@@ -247,7 +249,6 @@ class Worker:
 
     async def _run(self, previous: Worker | None) -> None:
         if previous is not None:  # its lanes finish (cut) before this one's start
-            previous.task.cancel()
             await asyncio.wait([previous.task])
         self.engine.pin(self.pipe, True)
         try:
