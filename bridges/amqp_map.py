@@ -263,6 +263,11 @@ def _creation_seconds(value: str) -> bool:
 
 def _put_fields(message: Message, fields: Mapping[str, str]) -> None:
     if CONTENT_ENCODING in fields:
+        if fields[CONTENT_ENCODING] == _ABSENT_SYMBOL:  # would read back as no encoding
+            raise Unmappable(
+                f"header {CONTENT_ENCODING} {_ABSENT_SYMBOL!r} cannot travel: proton reads it"
+                " as no content-encoding"
+            )
         message.content_encoding = fields[CONTENT_ENCODING]
     if TO in fields:
         message.address = fields[TO]
