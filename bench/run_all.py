@@ -6,13 +6,15 @@
     bench/run --only amqp      # benchmark 9: the AMQP 1.0 bridge (needs RabbitMQ)
     bench/run --only zeromq    # benchmark 10: the ZeroMQ bridge
     bench/run --only webhooks  # benchmark 11: webhook pipe delivery
+    bench/run --only websocket # benchmark 12: WebSocket fan-out to 1,000 sockets
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
 generator on the same machine; benchmark 8's baseline is the same gateway answering
 guest requests, benchmark 9's a raw asynchronous proton client on the same broker,
 benchmark 10's raw pyzmq PUSH -> PULL between two processes, benchmark 11's a plain
-aiohttp client POSTing the same documents to the same receiver.
+aiohttp client POSTing the same documents to the same receiver, benchmark 12's a bare
+aiohttp WebSocket server broadcasting to the same clients.
 Raw per-round results go to bench/results/results-<time>.json (and latest.json). All
 servers and clients are started here on 127.0.0.1 and stopped on every exit path.
 """
@@ -38,6 +40,7 @@ from bench import (
     latency,
     throughput,
     webhooks,
+    websocket_fanout,
     zeromq_bridge,
 )
 from bench.common import RESULTS, log, machine, median, start, stop_all
@@ -106,6 +109,12 @@ def section_zeromq(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_webhooks(args: argparse.Namespace) -> dict[str, Any]:
     return webhooks.run(args.webhook_rounds, args.webhook_count, args.webhook_samples)
+
+
+def section_websocket(args: argparse.Namespace) -> dict[str, Any]:
+    return websocket_fanout.run(
+        args.ws_rounds, args.ws_pipes, args.ws_rate, args.ws_seconds, args.ws_burst
+    )
 
 
 def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -177,6 +186,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(_amqp_rows(results.get("amqp", {})))
     rows.extend(_zeromq_rows(results.get("zeromq", {})))
     rows.extend(_webhook_rows(results.get("webhooks", {})))
+    rows.extend(_websocket_rows(results.get("websocket", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -334,6 +344,65 @@ def _webhook_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _row(
+    benchmark: str,
+    unit: str,
+    figures: tuple[float | None, float | None, float | None],
+    target: str = "(none)",
+    passed: bool | None = None,
+) -> dict[str, Any]:
+    """One line of the summary table; ``figures``: gateway, baseline, ratio."""
+    gateway, bare, ratio = figures
+    return {
+        "benchmark": benchmark,
+        "unit": unit,
+        "gateway": gateway,
+        "bare": bare,
+        "ratio": ratio,
+        "target": target,
+        "pass": passed,
+    }
+
+
+def _websocket_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 12; ratios are medians of per-round ratios. No target: information."""
+    if not data.get("rounds"):
+        return []
+    settings = data["settings"]
+    fanout = f"12. WebSocket fan-out to {settings['pipes']:,}"
+    baseline = "(baseline: bare aiohttp broadcast)"
+    rows = [
+        _row(
+            f"{fanout}, {settings['rate']} msg/s: publish->client {key} {baseline}",
+            "ms",
+            (
+                data[f"gateway_steady_{key}_ms"],
+                data[f"bare_steady_{key}_ms"],
+                data[f"ratio_steady_{key}_ms_median"],
+            ),
+        )
+        for key in ("p50", "p99")
+    ]
+    sound = not any(
+        data[f"gateway_{p}_{k}"] for p in ("steady", "burst") for k in ("lost", "unordered")
+    )
+    burst = (
+        data["gateway_burst_deliveries_per_s"],
+        data["bare_burst_deliveries_per_s"],
+        data["ratio_burst_deliveries_per_s_median"],
+    )
+    rows.append(
+        _row(
+            f"{fanout}, burst of {settings['burst']}: deliveries {baseline}",
+            "msg/s",
+            burst,
+            "none lost, in order",
+            sound,
+        )
+    )
+    return rows
+
+
 def _backlog_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     runs = data.get("rounds", [])
     if not runs:
@@ -441,6 +510,9 @@ def print_notes(results: dict[str, Any]) -> None:
             f"({runs['a']['gateway_cpu_us_per_msg']:.0f} CPU-us/msg); lost, repeated or bad: "
             + (", ".join(f"{k}: {'; '.join(v)}" for k, v in r["problems"].items()) or "none")
         )
+    for pair in results.get("websocket", {}).get("rounds", []):
+        for kind in websocket_fanout.KINDS:
+            print(f"  websocket {websocket_fanout.describe(pair[kind])}")
     authn = results.get("auth", {})
     for variant in auth_cost.VARIANTS if authn.get(auth_cost.BASELINE) else ():
         runs = authn[variant]
@@ -491,6 +563,11 @@ def main() -> int:
     parser.add_argument("--webhook-count", type=int, default=10_000, help="messages per run, #11")
     parser.add_argument("--webhook-samples", type=int, default=1000, help="latency samples, #11")
     parser.add_argument("--webhook-rounds", type=int, default=3, help="rounds for #11")
+    parser.add_argument("--ws-rounds", type=int, default=3, help="rounds for #12")
+    parser.add_argument("--ws-pipes", type=int, default=1000, help="WebSocket clients, #12")
+    parser.add_argument("--ws-rate", type=int, default=5, help="steady msg/s, #12")
+    parser.add_argument("--ws-seconds", type=int, default=10, help="steady seconds, #12")
+    parser.add_argument("--ws-burst", type=int, default=100, help="burst messages, #12")
     parser.add_argument(
         "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
     )
@@ -506,6 +583,7 @@ def main() -> int:
             "amqp",
             "zeromq",
             "webhooks",
+            "websocket",
         ],
         default=None,
     )
@@ -520,6 +598,8 @@ def main() -> int:
         args.webhook_rounds = 1
         args.webhook_count = min(args.webhook_count, 2_000)
         args.webhook_samples = min(args.webhook_samples, 200)
+        args.ws_rounds, args.ws_seconds = 1, min(args.ws_seconds, 3)
+        args.ws_burst = min(args.ws_burst, 20)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -540,6 +620,7 @@ def main() -> int:
         "amqp": section_amqp,
         "zeromq": section_zeromq,
         "webhooks": section_webhooks,
+        "websocket": section_websocket,
     }
     t0 = time.monotonic()
     try:

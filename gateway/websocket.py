@@ -353,7 +353,8 @@ class Session:
         deadline = time.monotonic() + life
         try:
             while not pipe.deleted:
-                await spill.ahead(app, pipe, self.after)  # read back what waits on disk
+                if pipe.spilled:  # read back what waits on disk
+                    await spill.ahead(app, pipe, self.after)
                 seen = pipe.version
                 room = self.window - self._in_flight()
                 batch = list(islice(engine.stream(pipe, self.after), max(0, room)))
