@@ -331,8 +331,6 @@ class Session:
                 await asyncio.wait([pusher])
             finally:
                 pusher.cancel()  # this handler itself was cancelled
-        if not pusher.cancelled() and pusher.exception() is not None:
-            log.error("WebSocket push failed", exc_info=pusher.exception())
 
     # ------------------------------------------------------------ server -> client
     def _in_flight(self) -> int:
@@ -344,44 +342,49 @@ class Session:
         return len(sent)
 
     async def push(self) -> None:
-        """Send what the pipe holds and what arrives, within the window, until the end."""
+        """Send what the pipe holds and what arrives, within the window, until the end;
+        then say why and close."""
+        try:
+            end = await self._push()
+        except ServiceUnavailable as exc:  # what waits on disk cannot be read back now
+            end = End(1013, exc.reason)
+        except ConnectionError:
+            return  # the client went away; its messages stay in the pipe
+        except Exception:
+            # A bug, not the client's doing: logged, and the client is told.
+            log.exception("WebSocket push failed")
+            end = BROKEN
+        self.ending = True
+        await self.finish(end)
+
+    async def _push(self) -> End:
         request, pipe, ws = self.request, self.pipe, self.ws
         app = request.app
         engine, frames = app[ENGINE], app[FRAMES]
         base = http.base(request)
         life = http.bounded(request, app[CONFIG].websocket_max_life)
         deadline = time.monotonic() + life
-        try:
-            while not pipe.deleted:
-                if pipe.spilled:  # read back what waits on disk
-                    await spill.ahead(app, pipe, self.after)
-                seen = pipe.version
-                room = self.window - self._in_flight()
-                batch = list(islice(engine.stream(pipe, self.after), max(0, room)))
-                for message in batch:
-                    await ws.send_frame(frames.message(base, pipe, message), WSMsgType.TEXT)
-                    engine.lease(pipe, message)  # sent: delivered again unless acknowledged
-                    self.sent.append(message.seq)
-                    self.after = message.seq
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or engine.closing:  # no await since: no lost wake-up
-                    break
-                if not (batch and pipe.spilled):  # else more waits on disk: read it now
-                    await pipe.changed(remaining, seen)
-            if pipe.deleted:
-                end = DELETED
-            elif engine.closing:
-                end = SHUTDOWN
-            elif http.credential_life(request) <= 0:
-                end = EXPIRED
-            else:
-                end = LIFE
-        except ServiceUnavailable as exc:  # what waits on disk cannot be read back now
-            end = End(1013, exc.reason)
-        except ConnectionError:
-            return  # the client went away; its messages stay in the pipe
-        self.ending = True
-        await self.finish(end)
+        while not pipe.deleted:
+            if pipe.spilled:  # read back what waits on disk
+                await spill.ahead(app, pipe, self.after)
+            seen = pipe.version
+            room = self.window - self._in_flight()
+            batch = list(islice(engine.stream(pipe, self.after), max(0, room)))
+            for message in batch:
+                await ws.send_frame(frames.message(base, pipe, message), WSMsgType.TEXT)
+                engine.lease(pipe, message)  # sent: delivered again unless acknowledged
+                self.sent.append(message.seq)
+                self.after = message.seq
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or engine.closing:  # no await since: no lost wake-up
+                break
+            if not (batch and pipe.spilled):  # else more waits on disk: read it now
+                await pipe.changed(remaining, seen)
+        if pipe.deleted:
+            return DELETED
+        if engine.closing:
+            return SHUTDOWN
+        return EXPIRED if http.credential_life(request) <= 0 else LIFE
 
     async def finish(self, end: End) -> None:
         """Say why, then close with that code (once)."""

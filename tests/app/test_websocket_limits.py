@@ -27,6 +27,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gateway.websocket import Frames
 from tests.app.jsonapi import new_pipe
 from tests.app.oauth import DOMAIN, As, clients, token
 from tests.app.process import listening_port, start
@@ -280,6 +281,28 @@ async def test_the_socket_ends_with_1000_at_its_maximum_life(make_gateway: MakeG
         end, code = await ended(ws)
     assert code == 1000
     assert end["reason"] == "the socket reached its maximum life; reconnect"
+
+
+async def test_a_failure_in_the_gateway_ends_the_socket_with_1011(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The last resort: a bug while pushing is logged and the client is told, never left
+    waiting on a socket that no longer sends."""
+    pipe = await new_pipe(gw)
+
+    def broken(*_: object) -> bytes:
+        raise RuntimeError("a fault put in by the test")
+
+    monkeypatch.setattr(Frames, "message", broken)
+    async with await connect(gw, pipe["uri"]) as ws:
+        await send(gw, pipe, "m")
+        end, code = await ended(ws)
+    assert code == 1011
+    assert end["reason"] == "internal error; it has been logged"
+    assert any("WebSocket push failed" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    async with await connect(gw, pipe["uri"]) as ws:  # nothing was lost
+        assert ids(await deliveries(ws, 1)) == ["m"]
 
 
 async def test_shutdown_ends_the_socket_with_1001(tmp_path: Path) -> None:
