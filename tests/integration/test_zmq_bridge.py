@@ -222,7 +222,7 @@ async def test_push_holds_messages_while_no_worker_is_there_and_a_restarted_one_
     await publish(gw, "work", *({"address": "a", "message_id": f"y{i}"} for i in range(20)))
     # at_hwm = block: nowhere to send, so they wait in the bridge's pipe
     await until(lambda: zb(gw, "fan").backlog() == 20, 10, "20 held")
-    assert zb(gw, "fan").counters.blocked > 0
+    await until(lambda: zb(gw, "fan").counters.blocked > 0, 10, "a send that waited")
     assert (zb(gw, "fan").counters.sent, zb(gw, "fan").counters.dropped) == (10, 0)
     again = await peers.start("pull", "--endpoint", endpoint(gw, "fan"))
     got = await again.received(20)
