@@ -1,0 +1,136 @@
+"""The traffic mirror: a bounded queue of events between the engine and the lake writer.
+
+Theory of operation
+-------------------
+The engine calls :meth:`Mirror.offer` with one plain tuple per event
+(:data:`spark_sink.schema.Event`), on the event loop's thread. ``offer`` never waits,
+never raises and never touches a lock in the usual case: it appends to a
+``collections.deque`` (whose ``append`` and ``popleft`` are safe between threads)
+unless the queue already holds ``queue`` events, in which case the event is dropped
+and counted. Publishing therefore costs the same whether the lake keeps up or not;
+what the lake misses shows in ``dropped``.
+
+A background thread (:class:`spark_sink.writer.Writer`) takes events off the queue,
+turns them into Arrow record batches and writes Parquet files into the lake. It wakes
+every ``flush_seconds`` or as soon as a full batch waits. Counters written by the
+loop (``emitted``, ``dropped``) and by the writer (``written``, ``files``, ``bytes``,
+``errors``, ``lost``) are each written by one thread only.
+
+When the mirror is off there is no :class:`Mirror` at all: the engine's sink is
+``None`` and each emission point costs one ``is None`` test.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from .schema import Event
+from .writer import Counters, Writer, WriterConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MirrorConfig:
+    """How the mirror queues and writes (the ``mirror_*`` settings)."""
+
+    lake: str  # a local directory, or a URI pyarrow can write (s3://, s3a://, gs://, hdfs://)
+    queue: int = 100_000  # events waiting for the writer at most; more are dropped
+    rotate_bytes: int = 64 * 1024 * 1024  # a file is closed once it is this big
+    rotate_seconds: float = 300.0  # ... or this old
+    batch_rows: int = 8192  # rows per record batch (one Parquet row group)
+    flush_seconds: float = 1.0  # the writer looks at the queue at least this often
+
+    def __post_init__(self) -> None:
+        if not self.lake:
+            raise ValueError("mirror_lake must name a directory or URI")
+        for key in ("queue", "rotate_bytes", "batch_rows"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"mirror_{key} must be at least 1")
+        for key in ("rotate_seconds", "flush_seconds"):
+            if getattr(self, key) <= 0:
+                raise ValueError(f"mirror_{key} must be positive")
+
+
+class Mirror:
+    """The queue, its counters and the writer thread behind it."""
+
+    def __init__(self, config: MirrorConfig) -> None:
+        self.config = config
+        self.counters = Counters()
+        self._queue: deque[Event] = deque()
+        self._capacity = config.queue
+        self._batch = min(config.batch_rows, config.queue)
+        self._writer = Writer(
+            WriterConfig(
+                lake=config.lake,
+                rotate_bytes=config.rotate_bytes,
+                rotate_seconds=config.rotate_seconds,
+                batch_rows=config.batch_rows,
+                flush_seconds=config.flush_seconds,
+            ),
+            self._queue,
+            self.counters,
+        )
+
+    def offer(self, event: Event) -> None:
+        """Queue one event, or drop it (counted) when the queue is full. Never blocks."""
+        counters = self.counters
+        counters.emitted += 1
+        queue = self._queue
+        waiting = len(queue)
+        if waiting >= self._capacity:
+            counters.dropped += 1
+            return
+        queue.append(event)
+        if waiting + 1 == self._batch:
+            self._writer.wake()  # a full batch: no need to wait for the next look
+
+    def start(self) -> None:
+        self._writer.start()
+
+    def flush(self, timeout: float) -> bool:
+        """Blocking: write everything queued so far and close every open file, so it is
+        in the lake. False when that took longer than ``timeout`` seconds."""
+        return self._writer.flush(timeout)
+
+    def stop(self, timeout: float) -> bool:
+        """Blocking: write what is queued, close every file and end the thread."""
+        done = self._writer.stop(timeout)
+        if not done:
+            log.warning("the mirror's writer did not finish within %.1f s", timeout)
+        return done
+
+    def status(self) -> dict[str, Any]:
+        """The counters and settings, as ``GET /admin/mirror`` shows them."""
+        counters = self.counters
+        return {
+            "enabled": True,
+            "lake": redact(self.config.lake),
+            "queue": self._capacity,
+            "queued": len(self._queue),
+            "emitted": counters.emitted,
+            "dropped": counters.dropped,
+            "written": counters.written,
+            "files": counters.files,
+            "bytes": counters.bytes,
+            "open_files": self._writer.open_files,
+            "errors": counters.errors,
+            "lost": counters.lost,
+            "last_error": counters.last_error,
+            "rotate_bytes": self.config.rotate_bytes,
+            "rotate_seconds": self.config.rotate_seconds,
+        }
+
+
+def redact(uri: str) -> str:
+    """A lake URI without any credentials it carries (``s3://key:secret@bucket/``)."""
+    parts = urllib.parse.urlsplit(uri)
+    if not parts.scheme or "@" not in parts.netloc:
+        return uri
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"***@{host}"))

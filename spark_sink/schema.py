@@ -1,0 +1,111 @@
+"""The traffic event schema and the lake's file layout (docs/ANALYTICS.md, "Event schema").
+
+This module is the contract between the mirror that writes the lake
+(:mod:`spark_sink.mirror`, :mod:`spark_sink.writer`) and the Spark jobs that read it.
+It holds no state and imports nothing of the gateway.
+
+An event is one row. The engine hands the mirror a plain tuple in :data:`COLUMNS`
+order (``ts`` as wall-clock seconds since the epoch, a float): building a tuple is
+the cheapest thing the hot path can do, and the writer turns batches of them into
+Arrow record batches off the event loop's thread.
+
+Files live at ``<lake>/date=YYYY-MM-DD/hour=HH/part-<utc-start>-<random>.parquet``:
+Hive-style partition directories derived from ``ts`` in UTC, whose values (``date``
+a string, ``hour`` an int) are not stored inside the files. A file is written under
+a name starting with ``.tmp-`` in its partition directory and renamed when complete;
+Spark and pyarrow skip names that start with a dot or an underscore.
+"""
+
+from __future__ import annotations
+
+import datetime
+import secrets
+from typing import Final
+
+import pyarrow as pa
+
+# What happened to a message; one row per event.
+PUBLISH: Final = "publish"  # a message accepted by a feed (outcome "ok" or "duplicate")
+ROUTE: Final = "route"  # a copy placed in one matching pipe
+DELIVER: Final = "deliver"  # a copy handed to a reader (GET, SSE, WebSocket, stream, webhook)
+ACK: Final = "ack"  # a copy acknowledged (deleted) by its reader
+REDELIVER: Final = "redeliver"  # a lease ran out: the copy is delivered again
+EXPIRE: Final = "expire"  # a copy whose expiration passed, unread
+DEAD_LETTER: Final = "dead_letter"  # a copy moved to a dead-letter feed (outcome: why)
+DROP: Final = "drop"  # a copy not kept: full pipe skipped, oldest dropped, publish refused
+BRIDGE_IN: Final = "bridge_in"  # a message a bridge published from the far side
+BRIDGE_OUT: Final = "bridge_out"  # a message a bridge passed on to the far side
+WEBHOOK_ATTEMPT: Final = "webhook_attempt"  # one POST to a webhook receiver (outcome: status)
+
+EVENTS: Final = (
+    PUBLISH,
+    ROUTE,
+    DELIVER,
+    ACK,
+    REDELIVER,
+    EXPIRE,
+    DEAD_LETTER,
+    DROP,
+    BRIDGE_IN,
+    BRIDGE_OUT,
+    WEBHOOK_ATTEMPT,
+)
+
+OK: Final = "ok"
+
+SCHEMA: Final = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("feed", pa.string(), nullable=False),
+        pa.field("feed_type", pa.string(), nullable=False),
+        pa.field("address", pa.string()),
+        pa.field("pipe", pa.string()),
+        pa.field("message_id", pa.string()),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("principal", pa.string()),
+        pa.field("outcome", pa.string(), nullable=False),
+        pa.field("latency_ms", pa.float64()),
+        pa.field("bridge", pa.string()),
+    ]
+)
+COLUMNS: Final = tuple(SCHEMA.names)
+TS: Final = 0  # the position of ts in an event tuple
+
+# The partition columns Spark derives from the directory names.
+PARTITIONS: Final = pa.schema([pa.field("date", pa.string()), pa.field("hour", pa.int32())])
+
+Event = tuple[
+    float,  # ts: seconds since the epoch, wall clock
+    str,  # event
+    str,  # domain
+    str,  # feed
+    str,  # feed_type
+    str | None,  # address
+    str | None,  # pipe (a digest, never the name)
+    str | None,  # message_id
+    int,  # size
+    str | None,  # principal
+    str,  # outcome
+    float | None,  # latency_ms
+    str | None,  # bridge
+]
+
+
+def partition(ts: float) -> str:
+    """The partition directory (relative to the lake) of an event at ``ts``."""
+    when = datetime.datetime.fromtimestamp(ts, datetime.UTC)
+    return f"date={when:%Y-%m-%d}/hour={when:%H}"
+
+
+def part_name(start: float) -> str:
+    """A data file's name: when it was started (UTC, to the second) and a random tail,
+    so that two writers (or two runs) never choose the same name."""
+    when = datetime.datetime.fromtimestamp(start, datetime.UTC)
+    return f"part-{when:%Y%m%dT%H%M%SZ}-{secrets.token_hex(6)}.parquet"
+
+
+def temporary(name: str) -> str:
+    """The hidden name a data file has while it is written."""
+    return f".tmp-{name}"
