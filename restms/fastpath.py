@@ -11,7 +11,7 @@ document means; the tests check that both paths agree.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -22,15 +22,24 @@ from .jsoncodec import is_name, may_hold_controls
 from .media import Format
 from .specs import (
     Content,
+    ContentHead,
     Duplicate,
+    Head,
+    LinkedContent,
     MessageLimits,
     MessageSpec,
     build_message,
+    checked_message,
     content,
+    content_head,
+    embedded,
     header,
+    message_head,
 )
 from .xmlcodec import CodecLimits, local_tag, parse_root
-from .xmlscan import Scanned, scan
+from .xmlscan import Scanned, Tag, scan
+
+_T = TypeVar("_T")
 
 
 def messages(
@@ -65,6 +74,15 @@ def _from_xml(
     return _from_tree(body, codec, limits)
 
 
+# What each shared tag (restms.xmlscan.Tag) said, once checked: a message's address and
+# properties, a header, a content's link or type and encoding. Keyed by the tag itself
+# (tags compare by identity and the scanner keeps at most 1024), so a publisher that
+# repeats its tags has them checked once. A tag that was refused is not remembered.
+_HEADS: dict[Tag, Head] = {}
+_HEADERS: dict[Tag, tuple[str, str]] = {}
+_CONTENTS: dict[Tag, ContentHead] = {}
+
+
 def _from_scan(
     scanned: list[Scanned], codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
@@ -73,15 +91,39 @@ def _from_scan(
         return None
     out: list[MessageSpec] = []
     elements = 0
-    for attrs, header_attrs, content_items in scanned:
-        headers = [header(item) for item in header_attrs]
-        contents = [
-            content(item.get("href"), item.get("type"), item.get("encoding"), text)
-            for item, text in content_items
-        ]
+    heads, known_headers, known_contents = _HEADS, _HEADERS, _CONTENTS
+    for head_tag, header_tags, content_items in scanned:
+        head = heads.get(head_tag)
+        if head is None:
+            head = _remember(heads, head_tag, message_head(head_tag.attrs))
+        headers = (
+            [
+                known_headers.get(tag) or _remember(known_headers, tag, header(tag.attrs))
+                for tag in header_tags
+            ]
+            if header_tags
+            else []
+        )
+        contents: list[Content] = []
+        for tag, text in content_items:
+            found = known_contents.get(tag)
+            if found is None:
+                attrs = tag.attrs
+                found = _remember(
+                    known_contents,
+                    tag,
+                    content_head(attrs.get("href"), attrs.get("type"), attrs.get("encoding")),
+                )
+            contents.append(found if isinstance(found, LinkedContent) else embedded(found, text))
         elements += 1 + len(headers) + len(contents)
-        out.append(build_message(attrs, headers, contents, limits))
+        out.append(checked_message(head, headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
+
+
+def _remember(memo: dict[Tag, _T], tag: Tag, value: _T) -> _T:
+    if tag.shared and len(memo) < 1024:
+        memo[tag] = value
+    return value
 
 
 def _from_tree(

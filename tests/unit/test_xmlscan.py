@@ -16,7 +16,7 @@ from lxml import etree
 
 from restms import RestMSError
 from restms.xmlcodec import local_tag, parse_root
-from restms.xmlscan import MAX_BODY, scan
+from restms.xmlscan import MAX_BODY, Scanned, scan
 
 
 def _lxml_view(body: bytes) -> list[tuple[dict[str, str], list[dict[str, str]], list[tuple]]]:
@@ -40,12 +40,20 @@ def _lxml_view(body: bytes) -> list[tuple[dict[str, str], list[dict[str, str]], 
     return out
 
 
+def _view(found: list[Scanned]) -> list[tuple[dict[str, str], list[dict[str, str]], list[tuple]]]:
+    """The recogniser's answer with each tag as its attributes (tags are shared objects)."""
+    return [
+        (head.attrs, [tag.attrs for tag in headers], [(tag.attrs, text) for tag, text in contents])
+        for head, headers, contents in found
+    ]
+
+
 def _agrees(body: bytes) -> bool:
     """True when the recogniser answered (and then it must equal lxml)."""
     found = scan(body)
     if found is None:
         return False
-    assert found == _lxml_view(body), body
+    assert _view(found) == _lxml_view(body), body
     return True
 
 
@@ -251,6 +259,46 @@ def test_everything_else_is_left_to_lxml(body: bytes) -> None:
     assert scan(body) is None
 
 
+@pytest.mark.parametrize(
+    "inner",
+    [
+        b"",  # nothing between the tags
+        b'<header name="a" value="1"/> <header name="b"/>\n<content>x</content>',
+        b"<content>one</content><content>two</content>",  # two contents: tag by tag
+        b"<content/>",  # an empty content: tag by tag
+        b'<header name="a"></header><content>x</content>',  # a header written in full
+        b'<content type="t" encoding="plain">a &amp; b</content>\n',
+    ],
+)
+def test_messages_read_whole_or_tag_by_tag_agree_with_lxml(inner: bytes) -> None:
+    body = b"<restms><message address='a'>" + inner + b"</message><message/></restms>"
+    assert _agrees(body)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        b'<header name="a"><header name="b"/>',  # a header left open
+        b"<content>x</content><header name='a'/>x",  # text after the content
+        b"<content>x</contents>",
+        b"<content>x</content></content>",
+        b'<header name="a" name="b"/><content>x</content>',
+    ],
+)
+def test_near_misses_of_the_common_message_are_left_to_lxml(inner: bytes) -> None:
+    assert scan(b"<restms><message>" + inner + b"</message></restms>") is None
+
+
+@pytest.mark.parametrize("bad", ["\x01", "\x1f", "\r", "\ufffe", "]]>", "&#65;"])
+def test_large_bodies_are_checked_as_small_ones(bad: str) -> None:
+    """Past a few KiB the control characters are looked for another way: same answer."""
+    text = "x" * 6000
+    plain = f"<restms><message><content>{text}</content></message></restms>".encode()
+    assert _agrees(plain)
+    spoilt = f"<restms><message><content>{text}{bad}</content></message></restms>".encode()
+    assert scan(spoilt) is None
+
+
 def test_bodies_over_lxml_text_limit_are_left_to_lxml() -> None:
     text = b"a" * (MAX_BODY + 1)
     assert scan(b"<restms><message><content>" + text + b"</content></message></restms>") is None
@@ -259,5 +307,5 @@ def test_bodies_over_lxml_text_limit_are_left_to_lxml() -> None:
 def test_repeated_attribute_lists_are_shared_not_rebuilt() -> None:
     body = b'<restms><message address="k"/><message address="k"/></restms>'
     first, second = scan(body) or []
-    assert first[0] == {"address": "k"}
+    assert first[0].attrs == {"address": "k"}
     assert first[0] is second[0]
