@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 
 from restms.errors import Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
 from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
@@ -15,6 +16,7 @@ from restms.uris import split_path
 
 from .core import Core, alive
 from .dedup import DedupWindow
+from .mirroring import emit_feed, emit_publish
 from .model import (
     Blob,
     Feed,
@@ -22,6 +24,7 @@ from .model import (
     OnDisk,
     Part,
     PartRef,
+    Parts,
     Pipe,
     Slot,
     StagedContent,
@@ -49,11 +52,13 @@ class Delivery(Core):
         """
         alive(feed)
         window = self._window(feed) if self.config.dedup_window else None
-        ids = [spec.prop("message_id") for spec in messages] if window is not None else []
-        repeats = self._repeats(window, ids)
+        ids = _message_ids(messages) if window is not None else None
+        repeats = self._repeats(window, ids) if ids else _NONE
         if feed.type in QUEUEING_TYPES:
             would_queue = len(messages) - len(repeats) - capacity(feed)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
+                if self.mirror is not None:
+                    emit_publish(self.mirror, self._wall(), feed, messages, None, owner)
                 raise ServiceUnavailable(
                     f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
                     f"{self.config.max_feed_queue} messages queued and no pipe to take "
@@ -62,23 +67,27 @@ class Delivery(Core):
                 )
         elif self._rejecting:
             self._check_room(feed, messages, repeats)
-        parts = self._claim_contents(feed, messages, repeats, owner)
+        claimed = self._claim_contents(feed, messages, repeats, owner)
         now, mono = self._wall(), self._mono()
         counts: list[int] = []
-        for index, (spec, part) in enumerate(zip(messages, parts, strict=True)):
-            message_id = ids[index] if ids else None
-            if index in repeats:
+        route = self._route
+        for index, spec in enumerate(messages):
+            if repeats and index in repeats:
                 assert window is not None
-                assert message_id
-                counts.append(Duplicate(window.get(message_id, mono) or 0))
+                assert ids is not None
+                counts.append(Duplicate(window.get(ids[index] or "", mono) or 0))
                 continue
-            count = self._route(feed, spec, part, now, persistent(spec), content_size(part))
+            parts, size = claimed[index]
+            count = route(feed, spec, parts, now, persistent(spec) if spec.props else False, size)
             counts.append(count)
+            message_id = ids[index] if ids else None
             if message_id:
                 assert window is not None
                 window.add(message_id, count, mono)
         self.counters.published += len(messages) - len(repeats)
         self.counters.duplicates += len(repeats)
+        if self.mirror is not None:
+            emit_publish(self.mirror, now, feed, messages, counts, owner)
         return counts
 
     def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
@@ -114,7 +123,9 @@ class Delivery(Core):
                 fresh.add(message_id)
         return repeats
 
-    def _check_room(self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int]) -> None:
+    def _check_room(
+        self, feed: Feed, messages: Sequence[MessageSpec], skip: AbstractSet[int]
+    ) -> None:
         """Overflow policy "reject": the whole publish fails, before anything is routed,
         when a matching pipe would pass its limits (503 naming the pipe)."""
         need: dict[Pipe, list[int]] = {}
@@ -139,6 +150,8 @@ class Delivery(Core):
             held, held_bytes = len(pipe.messages) + pipe.spilled, pipe.bytes + pipe.spilled_bytes
             if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
                 self.counters.rejected_full += 1
+                if self.mirror is not None:
+                    emit_publish(self.mirror, self._wall(), feed, messages, None, None)
                 raise ServiceUnavailable(
                     f"pipe {label(pipe)} is full ({held} of {pipe.max_messages} "
                     f"messages, {held_bytes} of {pipe.max_bytes} bytes) and rejects more; "
@@ -157,19 +170,32 @@ class Delivery(Core):
         return total
 
     def _claim_contents(
-        self, feed: Feed, messages: Sequence[MessageSpec], skip: set[int], owner: str | None
-    ) -> list[list[Part | None]]:
+        self,
+        feed: Feed,
+        messages: Sequence[MessageSpec],
+        skip: AbstractSet[int],
+        owner: str | None,
+    ) -> list[tuple[Parts, int]]:
         """M8-M10: check every reference first; only then use the staged contents up.
+        Each message's parts and their size in bytes, as pipe limits count them.
 
+        A message that links no staged content delivers its spec's own contents.
         Repeated messages (``skip``) are not routed, so their references are not used.
         """
         claimed: dict[str, StagedContent] = {}
-        out: list[list[Part | None]] = []
+        out: list[tuple[Parts, int]] = []
         for index, spec in enumerate(messages):
-            parts: list[Part | None] = []
-            out.append(parts)
-            if skip and index in skip:
+            size = 0
+            linked = False
+            for content in spec.contents:
+                if type(content) is EmbeddedContent:
+                    size += len(content.value)
+                else:
+                    linked = True
+            if not linked or (skip and index in skip):
+                out.append((spec.contents, size))  # type: ignore[arg-type]  # all embedded
                 continue
+            parts: list[Part | None] = []
             for content in spec.contents:
                 if not isinstance(content, LinkedContent):
                     parts.append(content)
@@ -183,6 +209,7 @@ class Delivery(Core):
                     raise Forbidden(f"staged content {content.path} belongs to another feed")
                 claimed[staged.key] = staged
                 parts.append(staged.blob)
+            out.append((tuple(parts), content_size(parts)))
         for staged in claimed.values():
             self.delete_staged(staged)
         return out
@@ -198,7 +225,7 @@ class Delivery(Core):
         self,
         feed: Feed,
         spec: MessageSpec,
-        parts: list[Part | None],
+        parts: Parts,
         now: float,
         durable: bool,
         size: int,
@@ -227,6 +254,8 @@ class Delivery(Core):
                 pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)
             ):
                 self.counters.skipped_full += 1
+                if self.mirror is not None:
+                    emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
                 continue
             count += 1
             if took is not None:
@@ -240,8 +269,10 @@ class Delivery(Core):
         if size > pipe.max_bytes:
             return False
         while pipe.messages and pipe.full(size):  # the oldest are in memory, never on disk
-            self._drop(pipe, next(iter(pipe.messages)))
+            dropped = self._drop(pipe, next(iter(pipe.messages)))
             self.counters.dropped_oldest += 1
+            if self.mirror is not None:
+                self.mirrored("drop", pipe, dropped, "dropped-oldest")
         return not pipe.full(size)
 
     # ------------------------------------------------------------ reading
@@ -273,7 +304,9 @@ class Delivery(Core):
             seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
         ]
         for seq in expired:
-            self._drop(pipe, seq)
+            gone = self._drop(pipe, seq)
+            if self.mirror is not None:
+                self.mirrored("expire", pipe, gone, "expired")
         pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
         if expired:
             self.counters.expired += len(expired)
@@ -337,7 +370,9 @@ class Delivery(Core):
                 break
             gone.append(seq)
         for seq in gone:
-            self._unhold(pipe, seq)
+            acked = self._unhold(pipe, seq)
+            if self.mirror is not None:
+                self.mirrored("ack", pipe, acked, latency=True)
         removed = len(gone)
         if removed:
             self.counters.acknowledged += removed
@@ -367,8 +402,10 @@ class Delivery(Core):
         message = self.message(Slot(ref.pipe, ref.seq))
         part = message.parts[ref.index] if message and ref.index < len(message.parts) else None
         if message is not None and part is not None:
-            message.parts[ref.index] = None
-            gone = content_size([part])
+            parts = list(message.parts)  # shared with other copies: this one gets its own
+            parts[ref.index] = None
+            message.parts = tuple(parts)
+            gone = content_size((part,))
             message.size -= gone
             ref.pipe.bytes -= gone
             self.held -= gone
@@ -383,6 +420,16 @@ class Delivery(Core):
         for seq, message in pipe.messages.items():
             if seq > after:
                 yield message
+
+
+_NONE: frozenset[int] = frozenset()
+
+
+def _message_ids(messages: Sequence[MessageSpec]) -> list[str | None] | None:
+    """Each message's ``message_id``, or None when none has one (most carry no
+    properties at all)."""
+    ids = [spec.prop("message_id") if spec.props else None for spec in messages]
+    return ids if any(ids) else None
 
 
 def label(pipe: Pipe) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
@@ -35,7 +35,8 @@ class Watchable:
     def touch(self, now: float) -> None:
         self.version += 1
         self.modified = now
-        self.wake()
+        if self._waiters:  # publishing touches a pipe per message: mostly nobody waits
+            self.wake()
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, None
@@ -82,9 +83,13 @@ class Blob:
 
 
 Part = EmbeddedContent | Blob  # one content of a delivered message
+# A message's contents, None where one was deleted (D6). Never changed in place: the
+# copies of a message in several pipes (and, with no staged content, its spec's own
+# contents) share one tuple, and deleting a content gives that message a new one.
+Parts = tuple[Part | None, ...]
 # A message waiting in a rotator or service feed: its queue id when it is in the store,
 # and how many of its leases ran out before it came back to the queue.
-Queued = tuple[MessageSpec, list[Part | None], int | None, int]
+Queued = tuple[MessageSpec, Parts, int | None, int]
 
 
 class StagedContent(Watchable):
@@ -122,7 +127,7 @@ class Message:
         self,
         seq: int,
         spec: MessageSpec,
-        parts: list[Part | None],
+        parts: Parts,
         feed_name: str | None,
         source: Feed | None,
         arrived: float,
@@ -369,7 +374,7 @@ Resource = Feed | Pipe | Join | StagedContent | Slot | PartRef
 Clock = Callable[[], float]
 
 
-def content_size(parts: list[Part | None]) -> int:
+def content_size(parts: Iterable[Part | None]) -> int:
     """Content bytes of a message, as pipe byte limits count them."""
     total = 0
     for part in parts:

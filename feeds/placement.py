@@ -8,7 +8,8 @@ from __future__ import annotations
 from restms.specs import MessageSpec
 
 from .config import OVERHEAD, Counters, EngineConfig
-from .model import Clock, Feed, Message, Part, Pipe, Queued, content_size
+from .mirroring import Sink, emit_feed
+from .model import Clock, Feed, Message, Parts, Pipe, Queued, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
 from .store import Op, persistent, record
@@ -22,6 +23,7 @@ class Placement:
     journal: list[Op] | None
     held: int
     epoch: int
+    mirror: Sink | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -31,7 +33,7 @@ class Placement:
         self,
         pipe: Pipe,
         spec: MessageSpec,
-        parts: list[Part | None],
+        parts: Parts,
         feed: Feed,
         now: float,
         durable: bool,
@@ -39,14 +41,16 @@ class Placement:
         redeliveries: int = 0,
     ) -> None:
         source = feed if feed.type in QUEUEING_TYPES else None
-        message = Message(0, spec, list(parts), feed.name, source, now)
+        message = Message(0, spec, parts, feed.name, source, now)
         message.size = size
         message.durable = durable
         message.redeliveries = redeliveries
-        ttl = spec.prop("expiration")
+        ttl = spec.prop("expiration") if spec.props else None
         if ttl is not None:
             message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
+        if self.mirror is not None:
+            emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)
 
     def _place(self, pipe: Pipe, message: Message, now: float) -> None:

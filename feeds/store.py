@@ -38,7 +38,7 @@ import orjson
 
 from restms.specs import EmbeddedContent, MessageSpec
 
-from .model import Blob, Part
+from .model import Blob, Part, Parts
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def encode_parts(parts: Iterable[Part | None]) -> list[Any]:
     return out
 
 
-def decode_parts(items: list[Any]) -> list[Part | None]:
+def decode_parts(items: list[Any]) -> Parts:
     out: list[Part | None] = []
     for item in items:
         if item is None:
@@ -147,7 +147,7 @@ def decode_parts(items: list[Any]) -> list[Part | None]:
             out.append(Blob(base64.b64decode(item[2]), item[1]))
         else:
             out.append(EmbeddedContent(type=item[1], encoding=item[2], value=item[3]))
-    return out
+    return tuple(out)
 
 
 def persistent(spec: MessageSpec) -> bool:
@@ -157,7 +157,7 @@ def persistent(spec: MessageSpec) -> bool:
 
 def record(
     spec: MessageSpec,
-    parts: list[Part | None],
+    parts: Parts,
     feed_name: str | None,
     arrived: float,
     expires_at: float | None,

@@ -711,7 +711,7 @@ def test_D6_deleting_one_delivered_content_leaves_other_copies() -> None:
     with pytest.raises(NotFound):
         e.part(ref_a)
     assert e.part(part(e, f"{b.key}.1.0")).data == b"shared"
-    assert a.messages[1].parts == [None, embedded]
+    assert a.messages[1].parts == (None, embedded)
     with pytest.raises(NotFound):
         e.part(part(e, f"{a.key}.1.1"))  # an embedded content has no bytes to serve
 

@@ -155,7 +155,7 @@ def test_after_max_deliveries_the_message_goes_to_the_dead_letter_feed() -> None
     assert headers["x-death-reason"] == "max-deliveries"
     assert headers["x-delivery-count"] == "2"
     assert headers["x-original-feed"] == "f"
-    assert letter.parts == [EmbeddedContent(value="x" * 10)]
+    assert letter.parts == (EmbeddedContent(value="x" * 10),)
 
 
 def test_a_pipe_names_its_own_dead_letter_feed_or_none() -> None:

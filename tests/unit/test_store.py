@@ -89,7 +89,7 @@ async def test_resources_and_persistent_messages_come_back_under_the_same_keys(
     }
     assert again.resolve(headers_join.key).spec.headers == (("k", "v"),)  # type: ignore[union-attr]
     message = restored.messages[3]
-    assert message.parts == [EmbeddedContent(value="body p2")]
+    assert message.parts == (EmbeddedContent(value="body p2"),)
     assert message.feed_name == "news"
     # and routing works on what came back
     assert again.publish(again.public_feed("news"), [msg("p4", address="a.z")]) == [1]
@@ -140,7 +140,7 @@ async def test_deleted_contents_stay_deleted(tmp_path: Path) -> None:
 
     again, store2 = await opened(tmp_path)
     parts = pipe_of(again, pipe.key).messages[1].parts
-    assert parts == [None, Blob(b"\x00\x01binary", "application/octet-stream")]
+    assert parts == (None, Blob(b"\x00\x01binary", "application/octet-stream"))
     await commit_and_close(again, store2)
 
 
