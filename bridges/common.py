@@ -23,6 +23,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from feeds.config import DEFAULT_DOMAIN
+from feeds.mirroring import emit_feed
 from feeds.model import Feed, Join, Pipe, Slot
 from feeds.selection import matching
 from restms.errors import RestMSError, ServiceUnavailable
@@ -183,6 +184,13 @@ class PipeSide(BridgeCore):
     async def _ack_upto(self, pipe: Pipe, upto: int) -> None:
         """Acknowledge every position up to ``upto`` (D4), on disk too."""
         if upto > self._acked:
+            engine = self._port.engine
+            if engine.mirror is not None:
+                for seq, message in list(pipe.messages.items()):
+                    if seq > upto:
+                        break
+                    if seq > self._acked:
+                        engine.mirrored("bridge_out", pipe, message, bridge=self.name)
             await self._port.ack(Slot(pipe, upto))
             self._acked = upto
 
@@ -270,6 +278,7 @@ class PublishSide(BridgeCore, Generic[K]):
                 break
             attempt = 0
             self._count(counts)
+            self._mirror(feed, part, counts)
             done([key for key, _ in part], counts)
             batch = batch[fits:]
         return [key for key, _ in batch]
@@ -319,6 +328,18 @@ class PublishSide(BridgeCore, Generic[K]):
                 refuse(item[0], str(exc))
         batch[:] = keep
         return counts
+
+    def _mirror(self, feed: Feed, part: list[tuple[K, MessageSpec]], counts: list[int]) -> None:
+        """Offer the mirror a bridge_in event per message published from the far side."""
+        sink = self._port.engine.mirror
+        if sink is None:
+            return
+        now, owner = time.time(), owner_of(self.name)
+        for (_, spec), count in zip(part, counts, strict=True):
+            outcome = "duplicate" if isinstance(count, Duplicate) else "ok"
+            emit_feed(
+                sink, "bridge_in", now, feed, spec, _size(spec), owner, outcome, bridge=self.name
+            )
 
     def _count(self, counts: Sequence[int]) -> None:
         counters = self.health.counters

@@ -22,12 +22,14 @@ from restms.specs import FeedSpec, JoinSpec, PipeOptions, PipeSpec, Update
 from restms.uris import split_path
 
 from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
+from .mirroring import Sink, emit_pipe
 from .model import (
     Blob,
     Clock,
     Domain,
     Feed,
     Join,
+    Message,
     PartRef,
     Pipe,
     PipeSettings,
@@ -98,7 +100,35 @@ class Core(Placement):
         # deleted. Their delivery state changed since the last journal is written lazily.
         self.hooks: dict[str, Pipe] = {}
         self.on_hook: Callable[[Pipe], None] | None = None
+        # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
+        self.mirror: Sink | None = None
         self._hooks_moved: set[Pipe] = set()
+
+    def mirrored(
+        self,
+        kind: str,
+        pipe: Pipe,
+        message: Message,
+        outcome: str = "ok",
+        *,
+        latency: bool = False,
+        bridge: str | None = None,
+    ) -> None:
+        """Offer the mirror an event about a message in a pipe (:mod:`feeds.mirroring`),
+        when it is on."""
+        if self.mirror is not None:
+            now, feeds = self._wall(), self.public_feeds
+            emit_pipe(
+                self.mirror,
+                kind,
+                now,
+                pipe,
+                message,
+                feeds,
+                outcome,
+                latency=latency,
+                bridge=bridge,
+            )
 
     def _configure(self, cfg: FeedConfig) -> None:
         domain = self.domain(cfg.domain)

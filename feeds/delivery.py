@@ -16,6 +16,7 @@ from restms.uris import split_path
 
 from .core import Core, alive
 from .dedup import DedupWindow
+from .mirroring import emit_feed, emit_publish
 from .model import (
     Blob,
     Feed,
@@ -56,6 +57,8 @@ class Delivery(Core):
         if feed.type in QUEUEING_TYPES:
             would_queue = len(messages) - len(repeats) - capacity(feed)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
+                if self.mirror is not None:
+                    emit_publish(self.mirror, self._wall(), feed, messages, None, owner)
                 raise ServiceUnavailable(
                     f"feed {feed.name or '(private)'} has {len(feed.queue)} of "
                     f"{self.config.max_feed_queue} messages queued and no pipe to take "
@@ -83,6 +86,8 @@ class Delivery(Core):
                 window.add(message_id, count, mono)
         self.counters.published += len(messages) - len(repeats)
         self.counters.duplicates += len(repeats)
+        if self.mirror is not None:
+            emit_publish(self.mirror, now, feed, messages, counts, owner)
         return counts
 
     def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
@@ -145,6 +150,8 @@ class Delivery(Core):
             held, held_bytes = len(pipe.messages) + pipe.spilled, pipe.bytes + pipe.spilled_bytes
             if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
                 self.counters.rejected_full += 1
+                if self.mirror is not None:
+                    emit_publish(self.mirror, self._wall(), feed, messages, None, None)
                 raise ServiceUnavailable(
                     f"pipe {label(pipe)} is full ({held} of {pipe.max_messages} "
                     f"messages, {held_bytes} of {pipe.max_bytes} bytes) and rejects more; "
@@ -247,6 +254,8 @@ class Delivery(Core):
                 pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)
             ):
                 self.counters.skipped_full += 1
+                if self.mirror is not None:
+                    emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
                 continue
             count += 1
             if took is not None:
@@ -260,8 +269,10 @@ class Delivery(Core):
         if size > pipe.max_bytes:
             return False
         while pipe.messages and pipe.full(size):  # the oldest are in memory, never on disk
-            self._drop(pipe, next(iter(pipe.messages)))
+            dropped = self._drop(pipe, next(iter(pipe.messages)))
             self.counters.dropped_oldest += 1
+            if self.mirror is not None:
+                self.mirrored("drop", pipe, dropped, "dropped-oldest")
         return not pipe.full(size)
 
     # ------------------------------------------------------------ reading
@@ -293,7 +304,9 @@ class Delivery(Core):
             seq for seq, m in pipe.messages.items() if m.expires is not None and m.expires <= now
         ]
         for seq in expired:
-            self._drop(pipe, seq)
+            gone = self._drop(pipe, seq)
+            if self.mirror is not None:
+                self.mirrored("expire", pipe, gone, "expired")
         pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
         if expired:
             self.counters.expired += len(expired)
@@ -357,7 +370,9 @@ class Delivery(Core):
                 break
             gone.append(seq)
         for seq in gone:
-            self._unhold(pipe, seq)
+            acked = self._unhold(pipe, seq)
+            if self.mirror is not None:
+                self.mirrored("ack", pipe, acked, latency=True)
         removed = len(gone)
         if removed:
             self.counters.acknowledged += removed

@@ -45,6 +45,7 @@ from restms.specs import JoinSpec, PipeOptions
 
 from .config import EngineConfig
 from .delivery import Delivery
+from .mirroring import emit_pipe
 from .model import Clock, Feed, Message, Pipe, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
@@ -226,9 +227,16 @@ class Engine(Delivery):
                 window.add(message_id, copies[feed, message_id], mono - age)
 
     # ------------------------------------------------------------ leases and dead letters
+    def delivered(self, pipe: Pipe, message: Message, outcome: str = "ok") -> None:
+        """A copy of the message was handed to a reader (mirrored as "deliver")."""
+        self.mirrored("deliver", pipe, message, outcome, latency=True)
+
     def lease(self, pipe: Pipe, message: Message) -> None:
         """A reader fetched this message: unless it is acknowledged within the pipe's
-        lease, it is delivered again (or dead-lettered after ``max_deliveries``)."""
+        lease, it is delivered again (or dead-lettered after ``max_deliveries``).
+        Every call is a delivery (:meth:`delivered`)."""
+        if self.mirror is not None:
+            self.delivered(pipe, message)
         if pipe.lease <= 0 or message.leased is not None or pipe.deleted or pipe.hook:
             return  # a webhook pipe's messages are the gateway's to deliver, not leased
         if pipe.messages.get(message.seq) is not message:
@@ -256,6 +264,8 @@ class Engine(Delivery):
         message.redeliveries += 1
         self.counters.redelivered += 1
         now = self._wall()
+        if self.mirror is not None:
+            emit_pipe(self.mirror, "redeliver", now, pipe, message, self.public_feeds)
         source = message.source
         if message.redeliveries >= pipe.max_deliveries:
             self.dead_letter(
@@ -306,11 +316,17 @@ class Engine(Delivery):
             and eligible(target) is None
             and len(target.queue) >= self.config.max_feed_queue
         )
+        now = self._wall()
+        if self.mirror is not None:
+            kind, outcome = (
+                ("drop", "discarded") if target is None or full else ("dead_letter", reason)
+            )
+            emit_pipe(self.mirror, kind, now, pipe, message, self.public_feeds, outcome)
         if target is None or target.deleted or full:
             self.counters.dead_discarded += 1
             log.warning("a dead letter had nowhere to go and was discarded")
             return False
-        self._route(target, spec, message.parts, self._wall(), message.durable, message.size)
+        self._route(target, spec, message.parts, now, message.durable, message.size)
         self.counters.dead_lettered += 1
         return True
 
@@ -328,6 +344,9 @@ class Engine(Delivery):
         hook.outcome(status, "", self._wall())
         hook.delivered += 1
         hook.done(message.seq)
+        if self.mirror is not None:  # the receiver's 2xx is delivery and acknowledgement
+            self.delivered(pipe, message, status)
+            self.mirrored("ack", pipe, message, latency=True)
         self._settle(pipe, message)
         self.hook_moved(pipe)
 

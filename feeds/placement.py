@@ -8,6 +8,7 @@ from __future__ import annotations
 from restms.specs import MessageSpec
 
 from .config import OVERHEAD, Counters, EngineConfig
+from .mirroring import Sink, emit_feed
 from .model import Clock, Feed, Message, Parts, Pipe, Queued, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
@@ -22,6 +23,7 @@ class Placement:
     journal: list[Op] | None
     held: int
     epoch: int
+    mirror: Sink | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -47,6 +49,8 @@ class Placement:
         if ttl is not None:
             message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
+        if self.mirror is not None:
+            emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)
 
     def _place(self, pipe: Pipe, message: Message, now: float) -> None:

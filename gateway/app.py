@@ -14,7 +14,7 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import bridging, oauth, page, resources
+from . import bridging, mirroring, oauth, page, resources
 from .authn import AUTH, Authenticator, auth_context, authenticate
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
@@ -50,6 +50,7 @@ def build_app(config: Config) -> web.Application:
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)
     bridging.add_routes(app)
+    mirroring.add_routes(app)  # the traffic mirror and GET /admin/mirror (docs/ANALYTICS.md)
     page.add_routes(app)  # the live page at / (docs/BROWSER.md)
     if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
         app.router.add_post(TOKEN_PATH, oauth.token)
@@ -57,6 +58,7 @@ def build_app(config: Config) -> web.Application:
         app.router.add_get(METADATA_PATH, oauth.metadata)
     app.on_response_prepare.append(last_on_connection)
     app.on_shutdown.append(_end_waits)
+    app.cleanup_ctx.append(mirroring.mirror_context)  # first in, last out: sees every event
     app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(store_context)
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes

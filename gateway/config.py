@@ -156,6 +156,12 @@ class Config:
     webhook_backoff_cap: float = 300.0  # seconds any retry waits at most
     webhook_connections: int = 100  # connections open to receivers at once, all pipes
     webhook_response_max: int = 65_536  # bytes of a receiver's answer read at most
+    # traffic mirror (docs/ANALYTICS.md, "The mirror")
+    mirror: bool = True  # mirror every message event into the lake
+    mirror_lake: str = ""  # directory or URI (s3a://, hdfs://, ...); "": <data_dir>/lake
+    mirror_queue: int = 100_000  # events waiting for the writer at most; more are dropped
+    mirror_rotate_bytes: int = 64 * 1024 * 1024  # a lake file is closed at this size
+    mirror_rotate_seconds: float = 300.0  # ... or at this age
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -263,6 +269,15 @@ class Config:
             raise ConfigError(str(exc)) from exc
         if self.webhook_connections < 1 or self.webhook_response_max < 1:
             raise ConfigError("webhook_connections and webhook_response_max must be at least 1")
+        if self.mirror_queue < 1 or self.mirror_rotate_bytes < 1:
+            raise ConfigError("mirror_queue and mirror_rotate_bytes must be at least 1")
+        if self.mirror_rotate_seconds <= 0:
+            raise ConfigError("mirror_rotate_seconds must be positive")
+
+    @property
+    def lake(self) -> str:
+        """Where the mirror writes: ``mirror_lake``, or ``lake`` in the data directory."""
+        return self.mirror_lake or str(Path(self.data_dir) / "lake")
 
     def engine(self) -> EngineConfig:
         return EngineConfig(

@@ -143,6 +143,7 @@ async def _multipart(
             for message in list(engine.stream(pipe, 0)):
                 body = restms.encode(views.message(base, pipe, message, embed=True), fmt)
                 await response.write(head + body + delimiter)
+                engine.delivered(pipe, message)
                 engine.ack(Slot(pipe, message.seq))
             remaining = deadline - time.monotonic()
             if remaining <= 0 or engine.closing:

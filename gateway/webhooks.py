@@ -334,6 +334,8 @@ class Worker:
                 continue
             attempt = made + 1
             outcome = await self._attempt(message, attempt, options)
+            if self.engine.mirror is not None:
+                self.engine.mirrored("webhook_attempt", pipe, message, outcome.status)
             if pipe.deleted:
                 return
             if pipe.messages.get(seq) is not message:

@@ -4,17 +4,18 @@ Theory of operation
 -------------------
 The engine calls :meth:`Mirror.offer` with one plain tuple per event
 (:data:`spark_sink.schema.Event`), on the event loop's thread. ``offer`` never waits,
-never raises and never touches a lock in the usual case: it appends to a
+never raises and never takes a lock: it appends to a
 ``collections.deque`` (whose ``append`` and ``popleft`` are safe between threads)
 unless the queue already holds ``queue`` events, in which case the event is dropped
-and counted. Publishing therefore costs the same whether the lake keeps up or not;
-what the lake misses shows in ``dropped``.
+and counted. It does not wake the writer either (that would take a lock the writer
+may hold): the writer looks at the queue every ``poll_seconds`` and takes all of it.
+Publishing therefore costs the same whether the lake keeps up or not; what the lake
+misses shows in ``dropped``.
 
 A background thread (:class:`spark_sink.writer.Writer`) takes events off the queue,
-turns them into Arrow record batches and writes Parquet files into the lake. It wakes
-every ``flush_seconds`` or as soon as a full batch waits. Counters written by the
-loop (``emitted``, ``dropped``) and by the writer (``written``, ``files``, ``bytes``,
-``errors``, ``lost``) are each written by one thread only.
+turns them into Arrow record batches and writes Parquet files into the lake. Counters
+written by the loop (``emitted``, ``dropped``) and by the writer (``written``,
+``files``, ``bytes``, ``errors``, ``lost``) are each written by one thread only.
 
 When the mirror is off there is no :class:`Mirror` at all: the engine's sink is
 ``None`` and each emission point costs one ``is None`` test.
@@ -43,7 +44,7 @@ class MirrorConfig:
     rotate_bytes: int = 64 * 1024 * 1024  # a file is closed once it is this big
     rotate_seconds: float = 300.0  # ... or this old
     batch_rows: int = 8192  # rows per record batch (one Parquet row group)
-    flush_seconds: float = 1.0  # the writer looks at the queue at least this often
+    poll_seconds: float = 0.05  # the writer looks at the queue this often
 
     def __post_init__(self) -> None:
         if not self.lake:
@@ -51,7 +52,7 @@ class MirrorConfig:
         for key in ("queue", "rotate_bytes", "batch_rows"):
             if getattr(self, key) < 1:
                 raise ValueError(f"mirror_{key} must be at least 1")
-        for key in ("rotate_seconds", "flush_seconds"):
+        for key in ("rotate_seconds", "poll_seconds"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"mirror_{key} must be positive")
 
@@ -64,21 +65,21 @@ class Mirror:
         self.counters = Counters()
         self._queue: deque[Event] = deque()
         self._capacity = config.queue
-        self._batch = min(config.batch_rows, config.queue)
         self._writer = Writer(
             WriterConfig(
                 lake=config.lake,
                 rotate_bytes=config.rotate_bytes,
                 rotate_seconds=config.rotate_seconds,
                 batch_rows=config.batch_rows,
-                flush_seconds=config.flush_seconds,
+                poll_seconds=config.poll_seconds,
             ),
             self._queue,
             self.counters,
         )
 
     def offer(self, event: Event) -> None:
-        """Queue one event, or drop it (counted) when the queue is full. Never blocks."""
+        """Queue one event, or drop it (counted) when the queue is full. Never blocks:
+        the writer is not woken (that takes a lock), it looks every ``poll_seconds``."""
         counters = self.counters
         counters.emitted += 1
         queue = self._queue
@@ -87,8 +88,6 @@ class Mirror:
             counters.dropped += 1
             return
         queue.append(event)
-        if waiting + 1 == self._batch:
-            self._writer.wake()  # a full batch: no need to wait for the next look
 
     def start(self) -> None:
         self._writer.start()

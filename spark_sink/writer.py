@@ -2,8 +2,8 @@
 
 Theory of operation
 -------------------
-One thread. Each time it wakes (every ``flush_seconds``, when a full batch waits, on
-a flush and on stop) it takes every event queued so far and files each under the
+One thread. Each time it wakes (every ``poll_seconds``, on a flush and on stop) it
+takes every event queued so far and files each under the
 partition of its timestamp (``date=YYYY-MM-DD/hour=HH``). Each partition has at most
 one open file: rows wait in memory until ``batch_rows`` of them make one record batch,
 written as one Parquet row group.
@@ -69,7 +69,7 @@ class WriterConfig:
     rotate_bytes: int
     rotate_seconds: float
     batch_rows: int
-    flush_seconds: float
+    poll_seconds: float
 
 
 def lake_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -161,9 +161,6 @@ class Writer:
     def start(self) -> None:
         self._thread.start()
 
-    def wake(self) -> None:
-        self._wake.set()
-
     def flush(self, timeout: float) -> bool:
         done = threading.Event()
         self._asks.append(done)
@@ -181,7 +178,7 @@ class Writer:
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
         while True:
-            self._wake.wait(self.config.flush_seconds)
+            self._wake.wait(self.config.poll_seconds)
             self._wake.clear()
             stopping = self._stopping
             asks = [self._asks.popleft() for _ in range(len(self._asks))]

@@ -155,7 +155,7 @@ def test_rotation_by_size(tmp_path: Path) -> None:
 
 def test_rotation_by_time(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
-    mirror = started(lake, rotate_seconds=0.2, flush_seconds=0.05)
+    mirror = started(lake, rotate_seconds=0.2, poll_seconds=0.05)
     deadline = time.monotonic() + WAIT
     n = 0
     while mirror.status()["files"] < 3 and time.monotonic() < deadline:
@@ -172,7 +172,7 @@ def test_rotation_by_time(tmp_path: Path) -> None:
 def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     lake = tmp_path / "lake"
     lake.mkdir()
-    mirror = started(lake, rotate_bytes=4096, batch_rows=50, flush_seconds=0.01)
+    mirror = started(lake, rotate_bytes=4096, batch_rows=50, poll_seconds=0.01)
     done = threading.Event()
 
     def produce() -> None:
@@ -217,7 +217,7 @@ def test_an_unwritable_lake_counts_errors_and_warns_rarely(
 ) -> None:
     lake = tmp_path / "lake"
     lake.write_text("a file where the lake's directory should be")
-    mirror = started(lake, flush_seconds=0.01)
+    mirror = started(lake, poll_seconds=0.01)
     with caplog.at_level(logging.WARNING, logger="spark_sink.writer"):
         for round_ in range(3):
             for n in range(5):
