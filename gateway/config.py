@@ -162,6 +162,18 @@ class Config:
     mirror_queue: int = 100_000  # events waiting for the writer at most; more are dropped
     mirror_rotate_bytes: int = 64 * 1024 * 1024  # a lake file is closed at this size
     mirror_rotate_seconds: float = 300.0  # ... or at this age
+    # analytics (docs/ANALYTICS.md): Spark in a worker process, started on the first query
+    analytics_master: str = "local[*]"  # Spark master URL: local[N], spark://..., k8s://...
+    analytics_cache_seconds: float = 30.0  # answers are reused this long (0: no cache)
+    analytics_timeout: float = 120.0  # seconds a query may take; then 504, worker restarted
+    analytics_start_timeout: float = 180.0  # seconds the worker has to start Spark
+    analytics_max_pending: int = 8  # queries waiting for the worker at most; then 503
+    analytics_checkpoint: str = ""  # streaming checkpoint; "": <data_dir>/analytics/checkpoint
+    analytics_stream: bool = True  # run the streaming job of rolling aggregates
+    analytics_stream_interval: float = 10.0  # seconds between its micro-batches
+    analytics_stream_files: int = 100  # new lake files per micro-batch at most
+    analytics_partitions: int = 4  # spark.sql.shuffle.partitions
+    analytics_memory: str = "1g"  # spark.driver.memory of the worker
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -273,6 +285,16 @@ class Config:
             raise ConfigError("mirror_queue and mirror_rotate_bytes must be at least 1")
         if self.mirror_rotate_seconds <= 0:
             raise ConfigError("mirror_rotate_seconds must be positive")
+        for key in ("analytics_timeout", "analytics_start_timeout", "analytics_stream_interval"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key} must be positive")
+        if self.analytics_cache_seconds < 0:
+            raise ConfigError("analytics_cache_seconds must not be negative")
+        for key in ("analytics_max_pending", "analytics_stream_files", "analytics_partitions"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1")
+        if not self.analytics_master.strip():
+            raise ConfigError("analytics_master must name a Spark master (local[*] by default)")
 
     @property
     def lake(self) -> str:

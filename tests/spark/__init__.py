@@ -1,0 +1,1 @@
+"""Analytics with real PySpark over lakes on local disk."""
