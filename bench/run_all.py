@@ -7,6 +7,7 @@
     bench/run --only zeromq    # benchmark 10: the ZeroMQ bridge
     bench/run --only webhooks  # benchmark 11: webhook pipe delivery
     bench/run --only websocket # benchmark 12: WebSocket fan-out to 1,000 sockets
+    bench/run --only mirror    # benchmark 13: publish with the traffic mirror on vs off
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
@@ -38,6 +39,7 @@ from bench import (
     auth_cost,
     backlog,
     latency,
+    mirror,
     throughput,
     webhooks,
     websocket_fanout,
@@ -109,6 +111,10 @@ def section_zeromq(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_webhooks(args: argparse.Namespace) -> dict[str, Any]:
     return webhooks.run(args.webhook_rounds, args.webhook_count, args.webhook_samples)
+
+
+def section_mirror(args: argparse.Namespace) -> dict[str, Any]:
+    return mirror.run(GATEWAY_ENV, args.rounds, args.duration)
 
 
 def section_websocket(args: argparse.Namespace) -> dict[str, Any]:
@@ -584,6 +590,7 @@ def main() -> int:
             "zeromq",
             "webhooks",
             "websocket",
+            "mirror",
         ],
         default=None,
     )
@@ -621,6 +628,7 @@ def main() -> int:
         "zeromq": section_zeromq,
         "webhooks": section_webhooks,
         "websocket": section_websocket,
+        "mirror": section_mirror,
     }
     t0 = time.monotonic()
     try:
@@ -654,6 +662,9 @@ def main() -> int:
     print_table(results["summary"])
     print()
     print_notes(results)
+    if "mirror" in results:
+        for line in mirror.describe(results["mirror"]):
+            print(f"  mirror {line}")
     for name, error in results["errors"].items():
         print(f"\n{name} FAILED:\n{error}")
     print(f"\nraw results: {path.relative_to(RESULTS.parent.parent)}")

@@ -12,10 +12,12 @@ may hold): the writer looks at the queue every ``poll_seconds`` and takes all of
 Publishing therefore costs the same whether the lake keeps up or not; what the lake
 misses shows in ``dropped``.
 
-A background thread (:class:`spark_sink.writer.Writer`) takes events off the queue,
-turns them into Arrow record batches and writes Parquet files into the lake. Counters
-written by the loop (``emitted``, ``dropped``) and by the writer (``written``,
-``files``, ``bytes``, ``errors``, ``lost``) are each written by one thread only.
+A background thread (:class:`spark_sink.writer.Writer`) takes events off the queue
+and hands them to a writer process (:mod:`spark_sink.lake`), which turns them into
+Arrow record batches and writes Parquet files into the lake. Each counter is written
+by one thread only: ``dropped`` by the loop, the others by the writer thread
+(``taken`` as it takes events, ``written``, ``files``, ``bytes``, ``errors`` and
+``lost`` as the process reports them); ``emitted`` is their sum with what waits.
 
 When the mirror is off there is no :class:`Mirror` at all: the engine's sink is
 ``None`` and each emission point costs one ``is None`` test.
@@ -29,8 +31,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .lake import WriterConfig
 from .schema import Event
-from .writer import Counters, Writer, WriterConfig
+from .writer import Counters, Writer
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +68,7 @@ class Mirror:
         self.counters = Counters()
         self._queue: deque[Event] = deque()
         self._capacity = config.queue
+        self._append = self._queue.append
         self._writer = Writer(
             WriterConfig(
                 lake=config.lake,
@@ -79,15 +83,12 @@ class Mirror:
 
     def offer(self, event: Event) -> None:
         """Queue one event, or drop it (counted) when the queue is full. Never blocks:
-        the writer is not woken (that takes a lock), it looks every ``poll_seconds``."""
-        counters = self.counters
-        counters.emitted += 1
-        queue = self._queue
-        waiting = len(queue)
-        if waiting >= self._capacity:
-            counters.dropped += 1
-            return
-        queue.append(event)
+        the writer is not woken (that takes a lock), it looks every ``poll_seconds``.
+        The writer counts what it takes, so ``emitted`` costs nothing here."""
+        if len(self._queue) < self._capacity:
+            self._append(event)
+        else:
+            self.counters.dropped += 1
 
     def start(self) -> None:
         self._writer.start()
@@ -104,6 +105,12 @@ class Mirror:
             log.warning("the mirror's writer did not finish within %.1f s", timeout)
         return done
 
+    @property
+    def emitted(self) -> int:
+        """Events the engine offered: taken by the writer, waiting, or dropped."""
+        counters = self.counters
+        return counters.taken + len(self._queue) + counters.dropped
+
     def status(self) -> dict[str, Any]:
         """The counters and settings, as ``GET /admin/mirror`` shows them."""
         counters = self.counters
@@ -112,12 +119,12 @@ class Mirror:
             "lake": redact(self.config.lake),
             "queue": self._capacity,
             "queued": len(self._queue),
-            "emitted": counters.emitted,
+            "emitted": self.emitted,
             "dropped": counters.dropped,
             "written": counters.written,
             "files": counters.files,
             "bytes": counters.bytes,
-            "open_files": self._writer.open_files,
+            "open_files": counters.open_files,
             "errors": counters.errors,
             "lost": counters.lost,
             "last_error": counters.last_error,

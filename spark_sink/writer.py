@@ -1,144 +1,67 @@
-"""The mirror's background writer: events off the queue into Parquet files in the lake.
+"""The mirror's writer: a thread that hands queued events to the writer process.
 
 Theory of operation
 -------------------
-One thread. Each time it wakes (every ``poll_seconds``, on a flush and on stop) it
-takes every event queued so far and files each under the
-partition of its timestamp (``date=YYYY-MM-DD/hour=HH``). Each partition has at most
-one open file: rows wait in memory until ``batch_rows`` of them make one record batch,
-written as one Parquet row group.
+Turning event tuples into Arrow arrays and Parquet pages takes about two
+microseconds of Python per event, with the GIL held: in the gateway's process that
+time would be taken from the event loop. So the files are written by a separate
+process (:func:`spark_sink.lake.serve`, started with ``spawn``: it inherits no loop,
+socket or lock), and this thread only takes every event queued so far, every
+``poll_seconds``, and sends them down a pipe as one ``marshal`` frame (a fifth of a
+microsecond an event; the pipe write itself releases the GIL).
 
-A file is written under a hidden name (``.tmp-part-...``) and renamed to its final
-name once closed, so a reader listing the lake never sees half a file. It is closed
-when it reaches ``rotate_bytes`` on disk, when it is ``rotate_seconds`` old, on a
-flush and on stop. On a local disk the rename is atomic; on object stores (S3,
-GCS) the move is a copy under the final name, which appears whole or not at all.
-
-Errors (an unwritable lake, a full disk, an unreachable store) never end the thread
-and never reach the engine: the rows of the file that failed are counted as
-``lost``, the error is counted and kept as ``last_error``, and a warning is logged
-at most once a minute with the number of errors since the last one.
-
-The lake is a local directory or a URI: ``file://``, ``s3://`` (``s3a://`` and
-``s3n://``, the names Spark uses, mean the same store), ``gs://``, ``hdfs://``,
-``abfs://``, as far as this pyarrow build supports them. Credentials come from the
-environment of the process (the usual variables of each store), never the logs.
+The process answers with its counters whenever they change, and after each flush
+or stop request; the thread keeps them in :class:`Counters`. If the process dies
+(or cannot be started) the events in hand are counted as ``lost``, the failure as
+an error, and a new process is started at the next batch, at most once every
+``RESTART`` seconds. Errors are logged at most once every ``LOG_EVERY`` seconds,
+with the number of errors since the last warning.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
+import marshal
+import multiprocessing
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
-
-from .schema import SCHEMA, TS, Event, part_name, partition, temporary
+from .lake import MAX_ERROR, STOP, WriterConfig, serve
+from .schema import Event
 
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 60.0  # seconds between warnings about write errors at most
-MAX_ERROR = 500  # characters of an error kept in the status
-
-FileErrors = (OSError, pa.ArrowException, ValueError, TypeError)
+RESTART = 1.0  # seconds between attempts at starting the writer process at least
+ANSWER_WAIT = 60.0  # seconds a flush or stop request waits for the process at most
+FLUSH = "flush"
 
 
 @dataclass(slots=True)
 class Counters:
     """What the mirror did since it started (see :mod:`spark_sink.mirror`)."""
 
-    emitted: int = 0  # events the engine offered
-    dropped: int = 0  # ... of which the queue was full: not kept
+    taken: int = 0  # events the writer thread took off the queue
+    dropped: int = 0  # events the engine offered when the queue was full: not kept
     written: int = 0  # rows in complete files in the lake
     files: int = 0  # complete files in the lake
     bytes: int = 0  # ... and their size
-    errors: int = 0  # files that failed
-    lost: int = 0  # rows of those files
+    errors: int = 0  # failed attempts at writing a file (or at running the writer)
+    lost: int = 0  # rows those failures lost
     last_error: str = ""
+    open_files: int = 0  # files being written (hidden until complete)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WriterConfig:
-    lake: str
-    rotate_bytes: int
-    rotate_seconds: float
-    batch_rows: int
-    poll_seconds: float
-
-
-def lake_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The filesystem and base path of a lake URI (a plain path is a local directory)."""
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    scheme, rest = uri.split("://", 1)
-    if scheme.lower() in ("s3a", "s3n"):
-        uri = "s3://" + rest
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs, path.rstrip("/")
-
-
-class _File:
-    """One open data file of one partition."""
-
-    __slots__ = ("final", "fs", "opened", "rows", "sink", "tmp", "waiting", "writer")
-
-    def __init__(self, fs: pafs.FileSystem, directory: str, now: float) -> None:
-        name = part_name(now)
-        self.fs = fs
-        self.final = f"{directory}/{name}"
-        self.tmp = f"{directory}/{temporary(name)}"
-        self.opened = time.monotonic()
-        self.rows = 0  # rows written into the file
-        self.waiting: list[Event] = []  # rows not yet in a record batch
-        fs.create_dir(directory, recursive=True)
-        self.sink = fs.open_output_stream(self.tmp)
-        self.writer = pq.ParquetWriter(self.sink, SCHEMA)
-
-    def write(self) -> None:
-        """The waiting rows as one record batch (one row group)."""
-        rows, self.waiting = self.waiting, []
-        if rows:
-            self.writer.write_batch(record_batch(rows))
-            self.rows += len(rows)
-
-    @property
-    def size(self) -> int:
-        return int(self.sink.tell())
-
-    def close(self) -> int:
-        """Write what waits, close and rename; the file's size in bytes."""
-        self.write()
-        self.writer.close()
-        size = self.size
-        self.sink.close()
-        self.fs.move(self.tmp, self.final)
-        return size
-
-    def abandon(self) -> None:
-        """After an error: close what can be closed and remove the hidden file."""
-        for step in (self.writer.close, self.sink.close, lambda: self.fs.delete_file(self.tmp)):
-            with contextlib.suppress(*FileErrors):
-                step()
-
-
-def record_batch(rows: list[Event]) -> pa.RecordBatch:
-    """Event tuples as one Arrow record batch of :data:`~spark_sink.schema.SCHEMA`."""
-    columns = list(zip(*rows, strict=True))
-    arrays = [pa.array([round(ts * 1_000_000) for ts in columns[TS]], pa.int64())]
-    arrays[0] = arrays[0].cast(SCHEMA.field(TS).type)
-    for index in range(1, len(SCHEMA)):
-        arrays.append(pa.array(columns[index], SCHEMA.field(index).type))
-    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+LAKE_FIELDS = ("written", "files", "bytes", "errors", "lost")  # the process's counters
 
 
 class Writer:
-    """The thread that drains the queue into the lake."""
+    """The thread between the queue and the writer process."""
 
     def __init__(self, config: WriterConfig, queue: deque[Event], counters: Counters) -> None:
         self.config = config
@@ -147,16 +70,14 @@ class Writer:
         self._wake = threading.Event()
         self._stopping = False
         self._asks: deque[threading.Event] = deque()  # flushes asked for
-        self._files: dict[str, _File] = {}  # open files by partition directory
-        self._fs: tuple[pafs.FileSystem, str] | None = None
-        self._hours: dict[int, str] = {}  # partition directories by hour since the epoch
         self._thread = threading.Thread(target=self._run, name="mirror-writer", daemon=True)
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        self._base = dict.fromkeys(LAKE_FIELDS, 0)  # what earlier processes did
+        self._retry_at = 0.0
         self._logged = 0.0
         self._unlogged = 0
-
-    @property
-    def open_files(self) -> int:
-        return len(self._files)
+        self._warned_errors = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -177,105 +98,150 @@ class Writer:
 
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
-        while True:
-            self._wake.wait(self.config.poll_seconds)
-            self._wake.clear()
-            stopping = self._stopping
-            asks = [self._asks.popleft() for _ in range(len(self._asks))]
-            self._drain()
-            self._rotate(everything=stopping or bool(asks))
-            for done in asks:
-                done.set()
-            if stopping:
+        try:
+            while True:
+                self._wake.wait(self.config.poll_seconds)
+                self._wake.clear()
+                stopping = self._stopping
+                asks = [self._asks.popleft() for _ in range(len(self._asks))]
+                self._send_queued()
+                if asks or stopping:
+                    self._request(STOP if stopping else FLUSH)
+                else:
+                    self._answers(0)
+                for done in asks:
+                    done.set()
+                if stopping:
+                    return
+        finally:
+            self._end()
+
+    def _send_queued(self) -> None:
+        queue = self._queue
+        rows = [queue.popleft() for _ in range(len(queue))]
+        if not rows:
+            return
+        self._counters.taken += len(rows)
+        conn = self._writer_process()
+        if conn is None:
+            self._counters.lost += len(rows)
+            return
+        try:
+            conn.send_bytes(marshal.dumps(rows))
+        except (OSError, ValueError) as exc:
+            self._counters.lost += len(rows)
+            self._failed(f"cannot hand rows to the lake writer: {exc}")
+
+    def _request(self, what: str) -> None:
+        """Ask the process to close every file (and, for "stop", to end); wait for its
+        answer."""
+        conn = self._writer_process() if what == FLUSH or self._conn is not None else None
+        if conn is None:
+            return
+        try:
+            conn.send_bytes(marshal.dumps(what))
+        except OSError as exc:
+            self._failed(f"cannot reach the lake writer: {exc}")
+            return
+        deadline = time.monotonic() + ANSWER_WAIT
+        while what not in self._answers(max(0.0, deadline - time.monotonic())):
+            if time.monotonic() >= deadline or self._conn is None:
+                self._failed(f"the lake writer did not answer a {what} request")
                 return
 
-    def _drain(self) -> None:
-        queue, batch = self._queue, self.config.batch_rows
-        taken = len(queue)
-        if not taken:
-            return
-        fs = self._filesystem()
-        for _ in range(taken):
-            event = queue.popleft()
-            directory = self._directory(event[TS])
-            if fs is None:
-                self._counters.lost += 1
-                continue
-            file = self._files.get(directory)
-            if file is None:
-                try:
-                    file = _File(fs[0], f"{fs[1]}/{directory}", time.time())
-                    self._files[directory] = file
-                except FileErrors as exc:
-                    self._failed(exc, 1)
-                    continue
-            file.waiting.append(event)
-            if len(file.waiting) >= batch:
-                self._write(directory, file)
-
-    def _directory(self, ts: float) -> str:
-        hour = int(ts // 3600)
-        found = self._hours.get(hour)
-        if found is None:
-            if len(self._hours) > 64:
-                self._hours.clear()
-            found = self._hours[hour] = partition(ts)
-        return found
-
-    def _filesystem(self) -> tuple[pafs.FileSystem, str] | None:
-        if self._fs is None:
-            try:
-                self._fs = lake_filesystem(self.config.lake)
-            except FileErrors as exc:
-                self._failed(exc, 0)
-                return None
-        return self._fs
-
-    def _write(self, directory: str, file: _File) -> None:
+    def _answers(self, timeout: float) -> list[Any]:
+        """Read what the process sent (waiting up to ``timeout`` for the first);
+        the requests answered."""
+        conn, answered = self._conn, []
         try:
-            file.write()
-            if file.size >= self.config.rotate_bytes:
-                self._close(directory, file)
-        except FileErrors as exc:
-            self._abandon(directory, file, exc)
+            while conn is not None and conn.poll(timeout):
+                request, state = marshal.loads(conn.recv_bytes())  # noqa: S302 - our own pipe
+                self._apply(state)
+                answered.append(request)
+                timeout = 0
+        except (EOFError, OSError):
+            self._lost_process()
+        return answered
 
-    def _rotate(self, *, everything: bool) -> None:
-        """Close files that are old enough (every file when ``everything``)."""
-        cutoff = time.monotonic() - self.config.rotate_seconds
-        for directory, file in list(self._files.items()):
-            if everything or file.opened <= cutoff:
-                try:
-                    self._close(directory, file)
-                except FileErrors as exc:
-                    self._abandon(directory, file, exc)
-
-    def _close(self, directory: str, file: _File) -> None:
-        rows = file.rows + len(file.waiting)
-        size = file.close()
-        del self._files[directory]
+    def _apply(self, state: tuple[Any, ...]) -> None:
         counters = self._counters
-        counters.written += rows
-        counters.files += 1
-        counters.bytes += size
+        *numbers, last_error, open_files = state
+        for name, value in zip(LAKE_FIELDS, numbers, strict=True):
+            setattr(counters, name, self._base[name] + value)
+        counters.open_files = open_files
+        if last_error:
+            counters.last_error = last_error
+        if counters.errors > self._warned_errors:
+            self._warn(counters.errors - self._warned_errors)
+            self._warned_errors = counters.errors
 
-    def _abandon(self, directory: str, file: _File, exc: BaseException) -> None:
-        self._files.pop(directory, None)
-        file.abandon()
-        self._failed(exc, file.rows + len(file.waiting))
+    def _writer_process(self) -> Connection | None:
+        """The connection to a live writer process, started if need be; None when it
+        cannot be had now."""
+        if self._process is not None and self._process.is_alive():
+            return self._conn
+        if self._process is not None:
+            self._lost_process()
+        if time.monotonic() < self._retry_at:
+            return None
+        self._retry_at = time.monotonic() + RESTART
+        spawn = multiprocessing.get_context("spawn")
+        ours, theirs = spawn.Pipe()
+        process = spawn.Process(
+            target=serve, args=(theirs, self.config), name="mirror-writer", daemon=True
+        )
+        try:
+            process.start()
+        except OSError as exc:
+            ours.close()
+            self._failed(f"cannot start the lake writer: {exc}")
+            return None
+        finally:
+            theirs.close()
+        self._process, self._conn = process, ours
+        return ours
 
-    def _failed(self, exc: BaseException, rows: int) -> None:
-        """Count a failed file and its rows; warn at most once every ``LOG_EVERY`` s."""
+    def _lost_process(self) -> None:
+        """The process ended or its pipe broke: keep what it did, forget it."""
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if conn is not None:
+            conn.close()
+        for name in LAKE_FIELDS:
+            self._base[name] = getattr(self._counters, name)
+        self._counters.open_files = 0
+        if process is not None:
+            process.join(1)
+            self._failed(f"the lake writer ended (exit code {process.exitcode})")
+
+    def _end(self) -> None:
+        process, conn = self._process, self._conn
+        self._process = self._conn = None
+        if process is not None:
+            process.join(ANSWER_WAIT if not self._stopping else 5)
+            if process.is_alive():
+                process.kill()
+                process.join(5)
+        if conn is not None:
+            conn.close()
+
+    def _failed(self, error: str) -> None:
         counters = self._counters
         counters.errors += 1
-        counters.lost += rows
-        counters.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+        self._base["errors"] += 1
+        counters.last_error = error[:MAX_ERROR]
+        self._warn(1)
+        self._warned_errors = counters.errors
+
+    def _warn(self, new: int) -> None:
+        """Log the last error, at most once every ``LOG_EVERY`` seconds."""
         now = time.monotonic()
         if now - self._logged < LOG_EVERY:
-            self._unlogged += 1
+            self._unlogged += new
             return
         log.warning(
             "the mirror could not write to the lake (%d more errors since the last warning): %s",
-            self._unlogged,
-            counters.last_error,
+            self._unlogged + new - 1,
+            self._counters.last_error,
         )
         self._logged, self._unlogged = now, 0

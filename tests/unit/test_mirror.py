@@ -164,7 +164,7 @@ def test_rotation_by_time(tmp_path: Path) -> None:
         time.sleep(0.02)
     files = mirror.status()["files"]
     assert files >= 3  # closed by age alone: no flush, no stop yet
-    assert len(parquet_files(lake)) == files
+    assert len(list(lake.rglob("part-*.parquet"))) >= files
     assert mirror.stop(WAIT)
     assert len(read_lake(lake)) == n
 
@@ -186,7 +186,7 @@ def test_a_reader_never_sees_a_partial_file(tmp_path: Path) -> None:
     producer.start()
     reads = 0
     deadline = time.monotonic() + WAIT
-    while not done.is_set() and time.monotonic() < deadline:
+    while (not done.is_set() or reads < 20) and time.monotonic() < deadline:
         for f in ds.dataset(lake, format="parquet", partitioning="hive").files:
             assert "/.tmp-" not in f
             pq.read_table(f)  # whole, or it would not be listed
