@@ -54,7 +54,7 @@ async def mirror_context(app: web.Application) -> AsyncIterator[None]:
         return
     engine = app[ENGINE]
     mirror.start()
-    engine.mirror = mirror.offer
+    engine.mirror = mirror.sink
     try:
         yield
     finally:
