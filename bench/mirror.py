@@ -27,7 +27,9 @@ ADMIN = "restms:read restms:publish restms:subscribe restms:admin"
 
 
 def _env(base: dict[str, str], mirror: bool) -> dict[str, str]:
-    return {**base, "RESTMS_MIRROR": "1" if mirror else "0", "RESTMS_GUEST_SCOPES": ADMIN}
+    """The same settings but the switch; no rate limit (wrk is one principal)."""
+    switch = {"RESTMS_MIRROR": "1" if mirror else "0", "RESTMS_RATE_LIMIT": "0"}
+    return {**base, **switch, "RESTMS_GUEST_SCOPES": ADMIN}
 
 
 def _status(server: Server) -> dict[str, Any]:

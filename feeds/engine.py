@@ -318,9 +318,8 @@ class Engine(Delivery):
         )
         now = self._wall()
         if self.mirror is not None:
-            kind, outcome = (
-                ("drop", "discarded") if target is None or full else ("dead_letter", reason)
-            )
+            nowhere = target is None or target.deleted or full
+            kind, outcome = ("drop", "discarded") if nowhere else ("dead_letter", reason)
             emit_pipe(self.mirror, kind, now, pipe, message, self.public_feeds, outcome)
         if target is None or target.deleted or full:
             self.counters.dead_discarded += 1

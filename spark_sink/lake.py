@@ -30,6 +30,7 @@ import contextlib
 import dataclasses
 import marshal
 import os
+import signal
 import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -233,6 +234,11 @@ def serve(conn: Connection, config: WriterConfig) -> None:
     """The writer process: rows and requests from the gateway's end of ``conn``
     (marshalled), answered with the counters after each request and whenever they
     change. Ends on "stop" or when the gateway's end closes."""
+    # Signals are the gateway's to handle: a Ctrl-C or a SIGTERM sent to the whole
+    # process group must not end this process before the gateway asks it to stop
+    # (it would lose its open files); if the gateway dies, the pipe's end says so.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lake = Lake(config)
     sent: tuple[object, ...] = ()
     try:
