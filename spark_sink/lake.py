@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
@@ -125,14 +126,21 @@ class _File:
                 step()
 
 
+# An event tuple as Arrow reads it in one pass (``ts`` still in float seconds).
+ROW = pa.struct(
+    [pa.field(f.name, pa.float64(), nullable=False) if f.name == "ts" else f for f in SCHEMA]
+)
+TS_TYPE = SCHEMA.field(TS).type
+
+
 def record_batch(rows: list[Event]) -> pa.RecordBatch:
-    """Event tuples as one Arrow record batch of :data:`~spark_sink.schema.SCHEMA`."""
-    columns = list(zip(*rows, strict=True))
-    arrays = [pa.array([round(ts * 1_000_000) for ts in columns[TS]], pa.int64())]
-    arrays[0] = arrays[0].cast(SCHEMA.field(TS).type)
-    for index in range(1, len(SCHEMA)):
-        arrays.append(pa.array(columns[index], SCHEMA.field(index).type))
-    return pa.RecordBatch.from_arrays(arrays, schema=SCHEMA)
+    """Event tuples as one Arrow record batch of :data:`~spark_sink.schema.SCHEMA`:
+    converted as one struct array (one pass in C++ over the tuples), then ``ts`` from
+    float seconds to microseconds."""
+    batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=ROW))
+    micros = pc.round(pc.multiply(batch.column(TS), 1_000_000))
+    ts = pc.cast(micros, pa.int64()).cast(TS_TYPE)
+    return pa.RecordBatch.from_arrays([ts, *batch.columns[1:]], schema=SCHEMA)
 
 
 class Lake:
