@@ -2,7 +2,10 @@
 
 ``python main.py serve [--host H] [--port P] [--data-dir D] [--config F]`` runs the gateway;
 ``client add|list|remove`` manages the built-in OAuth server's clients;
-``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry.
+``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry;
+``analytics QUERY [--since S] [--until U] [--feed F] [--bucket B] [--limit N] [--json]``
+runs one analytics query with Spark in this process over the configured lake and
+prints a table (docs/ANALYTICS.md).
 """
 
 from __future__ import annotations
@@ -45,7 +48,47 @@ def _parser() -> argparse.ArgumentParser:
     user_verbs.add_parser(
         "hash", help="read a password (prompt, or stdin) and print its hash for [[users]]"
     )
+    analytics = verbs.add_parser(
+        "analytics", help="run an analytics query over the lake and print a table"
+    )
+    from spark_sink.params import QUERIES, ROLLING
+
+    analytics.add_argument("query", choices=[q for q in QUERIES if q != ROLLING])
+    analytics.add_argument("--since", help="ISO 8601 time or span back from now (default 1h)")
+    analytics.add_argument("--until", help="ISO 8601 time or span back from now (default now)")
+    analytics.add_argument("--feed", help="only this feed")
+    analytics.add_argument("--bucket", help="bucket size: 30s, 1m, 5m, 1h, 1d (default 1m)")
+    analytics.add_argument("--limit", help="rows of addresses and principals (default 20)")
+    analytics.add_argument("--json", action="store_true", help="print the JSON answer")
+    analytics.add_argument("--lake", help="the lake (default: mirror_lake from the config)")
+    analytics.add_argument("--data-dir", help="data directory (default ./var)")
+    analytics.add_argument("--config", help="TOML configuration file")
     return parser
+
+
+def _analytics(args: argparse.Namespace) -> int:
+    """``analytics QUERY``: Spark in this process (``analytics_master``) over the lake."""
+    import json
+
+    from spark_sink import params, queries, session
+
+    try:
+        config = load(args.config, overrides={"data_dir": args.data_dir})
+        keys = ("since", "until", "feed", "bucket", "limit")
+        raw = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+        checked = params.parse(raw)
+        session.check_java()
+    except (ConfigError, ValueError, RuntimeError) as exc:
+        print(f"main.py: {exc}", file=sys.stderr)
+        return 2
+    spark = session.build(
+        config.analytics_master,
+        shuffle_partitions=config.analytics_partitions,
+        memory=config.analytics_memory,
+    )
+    result = queries.run(spark, args.lake or config.lake, args.query, checked)
+    print(json.dumps(result.wire(), indent=2) if args.json else result.table())
+    return 0
 
 
 def _user_hash() -> int:
@@ -109,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         return _client(args)
     if args.verb == "user":
         return _user_hash()
+    if args.verb == "analytics":
+        return _analytics(args)
     overrides = {
         "host": args.host,
         "port": args.port,

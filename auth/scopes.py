@@ -6,8 +6,10 @@ A scope is ``restms:ACTION`` optionally narrowed to domains and feed names::
     restms:publish:feed/weather.*                 publish to feeds named weather.*
     restms:subscribe:domain/acme                  pipes and joins in domain acme
     restms:admin:domain/acme/feed/orders.*        any action on acme's orders.* feeds
+    restms:analytics                              the analytics queries (only unqualified)
 
-``ACTION`` is one of :data:`ACTIONS`; ``admin`` implies the other three. Patterns are
+``ACTION`` is one of :data:`ACTIONS`; ``admin`` implies the others. ``analytics``
+aggregates every domain and feed, so the gateway honours it only unqualified. Patterns are
 shell-style globs (``*``, ``?``, ``[...]``) matched case-sensitively; a missing part
 means "any". Scopes that do not start with ``restms:`` belong to someone else and are
 ignored, as are malformed ``restms:`` scopes (a typo grants nothing, never more).
@@ -24,7 +26,7 @@ import fnmatch
 import functools
 from dataclasses import dataclass
 
-ACTIONS = ("read", "publish", "subscribe", "admin")
+ACTIONS = ("read", "publish", "subscribe", "analytics", "admin")
 PREFIX = "restms:"
 _MEMO = 4096  # answers a Grants object keeps; cleared when full
 

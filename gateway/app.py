@@ -14,7 +14,7 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import bridging, mirroring, oauth, page, resources
+from . import analytics, bridging, mirroring, oauth, page, resources
 from .authn import AUTH, Authenticator, auth_context, authenticate
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
@@ -52,6 +52,7 @@ def build_app(config: Config) -> web.Application:
     bridging.add_routes(app)
     mirroring.add_routes(app)  # the traffic mirror and GET /admin/mirror (docs/ANALYTICS.md)
     page.add_routes(app)  # the live page at / (docs/BROWSER.md)
+    analytics.add_routes(app)  # GET /analytics/... over a Spark worker (docs/ANALYTICS.md)
     if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
         app.router.add_post(TOKEN_PATH, oauth.token)
         app.router.add_get(JWKS_PATH, oauth.jwks)

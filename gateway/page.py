@@ -15,6 +15,12 @@ and served from memory, each with a strong ``ETag`` (a digest of its bytes) and
 ``304`` while the file is unchanged, so a new version of the gateway is picked
 up at once without stale mixes of old HTML and new script.
 
+The same module serves the analytics dashboard at ``/dashboard``
+(docs/ANALYTICS.md, "The dashboard"): three more files (``dashboard.html``,
+``dashboard.js``, ``dashboard.css``) under the same rules, whose script draws SVG
+charts from ``GET /analytics/...`` with the token the user pastes (shared with the
+live page through ``sessionStorage``); only the data behind it needs a scope.
+
 The page itself needs no credentials (its paths are in
 :data:`gateway.authn.PUBLIC`): a user on another machine must be able to load it
 to paste a token into it. Every page response carries a strict
@@ -38,6 +44,7 @@ from restms.httpdates import etag_list
 
 STATIC = Path(__file__).resolve().parent / "static"
 INDEX = "/"
+DASHBOARD = "/dashboard"
 STATIC_PREFIX = "/static/"
 
 # File name -> Content-Type. Only these files are served; the page links each one.
@@ -46,11 +53,15 @@ FILES: Mapping[str, str] = {
     "app.js": "text/javascript; charset=utf-8",
     "style.css": "text/css; charset=utf-8",
     "icon.svg": "image/svg+xml",
+    "dashboard.html": "text/html; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
 }
 # Path -> file name: the routes (all public, see gateway.authn.PUBLIC).
 ROUTES: Mapping[str, str] = {
     INDEX: "index.html",
-    **{STATIC_PREFIX + name: name for name in FILES if name != "index.html"},
+    DASHBOARD: "dashboard.html",
+    **{STATIC_PREFIX + name: name for name in FILES if not name.endswith(".html")},
 }
 PATHS = frozenset(ROUTES)
 

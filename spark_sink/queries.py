@@ -63,6 +63,17 @@ class Result:
     rows: tuple[tuple[Any, ...], ...]
     seconds: float = field(default=0.0, compare=False)
 
+    def table(self) -> str:
+        """The rows as a plain-text table (the command line's output)."""
+        cells = [list(self.columns)] + [[_cell(v) for v in row] for row in self.rows]
+        widths = [max(len(row[i]) for row in cells) for i in range(len(self.columns))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        p = self.params
+        scope = f" feed {p.feed}" if p.feed else ""
+        lines.append(f"({len(self.rows)} rows; {iso(p.since)} to {iso(p.until)}{scope})")
+        return "\n".join(lines)
+
     def wire(self) -> dict[str, Any]:
         return {
             "query": self.query,
@@ -71,6 +82,14 @@ class Result:
             "rows": [list(row) for row in self.rows],
             "seconds": round(self.seconds, 3),
         }
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3f}"
+    return str(value)
 
 
 def spark_schema(partitions: bool = True) -> StructType:

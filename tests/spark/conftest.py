@@ -32,3 +32,7 @@ def spark() -> Iterator[SparkSession]:
     built = session.build(MASTER, shuffle_partitions=PARTITIONS)
     yield built
     built.stop()
+
+
+# The browser tests' Chromium, for the dashboard (tests/browser/conftest.py).
+from tests.browser.conftest import browser  # noqa: E402, F401

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pytest
 
+import main
 from spark_sink import queries, schema, synth
 from spark_sink.params import UTC
 from tests.spark import lake
@@ -99,3 +100,18 @@ def test_other_hours_are_never_opened(spark, tmp_path, events):
 def test_a_lake_not_made_yet_has_no_rows(spark, tmp_path):
     for query in queries.BATCH:
         assert queries.run(spark, str(tmp_path / "none"), query, lake.params()).rows == ()
+
+
+def test_the_command_line_prints_a_table(spark, lake_dir, capsys):
+    argv = ["analytics", "throughput", "--lake", str(lake_dir), "--bucket", "1h"]
+    argv += ["--since", "2026-11-21T10:00:00Z", "--until", "2026-11-21T12:00:00"]
+    assert main.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["bucket", "feed", "published", "delivered", "bytes"]
+    assert lines[2].split() == ["2026-11-21T10:00:00Z", "orders", "6", "12", "615"]
+    assert lines[3].split() == ["2026-11-21T11:00:00Z", "alerts", "3", "3", "30"]
+    assert lines[4] == "(2 rows; 2026-11-21T10:00:00Z to 2026-11-21T12:00:00Z)"
+    assert main.main([*argv, "--json"]) == 0
+    assert '"published"' in capsys.readouterr().out
+    assert main.main(["analytics", "latency", "--since", "soon"]) == 2
+    assert "since must be an ISO 8601 time" in capsys.readouterr().err
