@@ -5,8 +5,8 @@ Theory of operation
 Turning event tuples into Arrow arrays and Parquet pages takes about two
 microseconds of Python per event, with the GIL held: in the gateway's process that
 time would be taken from the event loop. So the files are written by a separate
-process (:func:`spark_sink.lake.serve`, started with ``spawn``: it inherits no loop,
-socket or lock), and this thread only takes every event queued so far, every
+process (:func:`spark_sink.lake.serve`, forked from a fork server: it inherits no
+loop, socket or lock), and this thread only takes every event queued so far, every
 ``poll_seconds``, and sends them down a pipe as one ``marshal`` frame (a fifth of a
 microsecond an event; the pipe write itself releases the GIL).
 
@@ -58,6 +58,15 @@ class Counters:
 
 
 LAKE_FIELDS = ("written", "files", "bytes", "errors", "lost")  # the process's counters
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    """Where writer processes come from: a fork server (started once per gateway
+    process, single-threaded, with pyarrow already imported), so that each writer
+    process starts at once and inherits nothing of the gateway's loop or threads."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["spark_sink.lake"])
+    return context
 
 
 class Writer:
@@ -185,9 +194,9 @@ class Writer:
         if time.monotonic() < self._retry_at:
             return None
         self._retry_at = time.monotonic() + RESTART
-        spawn = multiprocessing.get_context("spawn")
-        ours, theirs = spawn.Pipe()
-        process = spawn.Process(
+        context = _context()
+        ours, theirs = context.Pipe()
+        process = context.Process(
             target=serve, args=(theirs, self.config), name="mirror-writer", daemon=True
         )
         try:
