@@ -26,7 +26,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from spark_sink import schema
+from spark_sink import schema, writer
 from spark_sink.mirror import Mirror, MirrorConfig, redact
 from spark_sink.schema import Event
 
@@ -248,3 +248,26 @@ def test_lake_credentials_are_never_shown() -> None:
     assert redact("s3a://KEY:SECRET@bucket/lake") == "s3a://***@bucket/lake"
     assert redact("/var/lake") == "/var/lake"
     assert redact("hdfs://namenode:8020/lake") == "hdfs://namenode:8020/lake"
+
+
+def test_a_dead_writer_process_is_counted_and_replaced(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    mirror = started(lake, poll_seconds=0.01)
+    mirror.offer(event(T0, 1))
+    assert mirror.flush(WAIT)
+    process = mirror._writer._process  # the process writing the lake now
+    assert process is not None
+    process.kill()
+    process.join(WAIT)
+    time.sleep(writer.RESTART)  # a new process may be started at once
+    mirror.offer(event(T0, 2))
+    assert mirror.flush(WAIT)
+    status = mirror.status()
+    assert status["errors"] >= 1
+    assert "ended" in status["last_error"]
+    assert mirror._writer._process not in (None, process)
+    mirror.offer(event(T0, 3))
+    assert mirror.stop(WAIT)
+    rows = read_lake(lake).to_pylist()
+    assert {r["message_id"] for r in rows} >= {"id-1", "id-3"}
+    assert mirror.status()["written"] == len(rows)
