@@ -14,6 +14,7 @@ Decided behaviour under test (docs/ANALYTICS.md, "Interfaces"):
   counter in ``GET /analytics``).
 * The dashboard renders its charts and table from the streaming job's aggregates with
   no script error or CSP violation; a screenshot is kept.
+* A query that outlives ``analytics_timeout`` is 504 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -212,3 +213,11 @@ async def test_http_cli_and_dashboard(
         assert [m for m in live.console if "403" not in m] == []
     finally:
         await context.close()
+
+    # A query that outlives analytics_timeout: 504 with the reason; its worker is stopped.
+    gw.app[ANALYTICS].timeout = 0.001
+    status, text, headers = await ask(gw, "/analytics/bridges", analyst, since="2h")
+    assert status == 504
+    assert "took longer than 0.001 s" in text
+    assert headers["Retry-After"] == "5"
+    assert gw.app[ANALYTICS].worker.running is False
