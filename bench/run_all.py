@@ -8,6 +8,7 @@
     bench/run --only webhooks  # benchmark 11: webhook pipe delivery
     bench/run --only websocket # benchmark 12: WebSocket fan-out to 1,000 sockets
     bench/run --only mirror    # benchmark 13: publish with the traffic mirror on vs off
+    bench/run --only analytics # benchmark 14: Spark queries over 10 million events
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
@@ -35,6 +36,7 @@ from typing import Any
 
 from bench import (
     amqp_bridge,
+    analytics,
     asynclets,
     auth_cost,
     backlog,
@@ -115,6 +117,10 @@ def section_webhooks(args: argparse.Namespace) -> dict[str, Any]:
 
 def section_mirror(args: argparse.Namespace) -> dict[str, Any]:
     return mirror.run(GATEWAY_ENV, args.rounds, args.duration)
+
+
+def section_analytics(args: argparse.Namespace) -> dict[str, Any]:
+    return analytics.run(args.analytics_events, args.analytics_rounds)
 
 
 def section_websocket(args: argparse.Namespace) -> dict[str, Any]:
@@ -574,6 +580,8 @@ def main() -> int:
     parser.add_argument("--ws-rate", type=int, default=5, help="steady msg/s, #12")
     parser.add_argument("--ws-seconds", type=int, default=10, help="steady seconds, #12")
     parser.add_argument("--ws-burst", type=int, default=100, help="burst messages, #12")
+    parser.add_argument("--analytics-events", type=int, default=10_000_000, help="events, #14")
+    parser.add_argument("--analytics-rounds", type=int, default=3, help="rounds for #14")
     parser.add_argument(
         "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
     )
@@ -591,6 +599,7 @@ def main() -> int:
             "webhooks",
             "websocket",
             "mirror",
+            "analytics",
         ],
         default=None,
     )
@@ -607,6 +616,8 @@ def main() -> int:
         args.webhook_samples = min(args.webhook_samples, 200)
         args.ws_rounds, args.ws_seconds = 1, min(args.ws_seconds, 3)
         args.ws_burst = min(args.ws_burst, 20)
+        args.analytics_events = min(args.analytics_events, 1_000_000)
+        args.analytics_rounds = 1
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -629,6 +640,7 @@ def main() -> int:
         "webhooks": section_webhooks,
         "websocket": section_websocket,
         "mirror": section_mirror,
+        "analytics": section_analytics,
     }
     t0 = time.monotonic()
     try:
@@ -665,6 +677,9 @@ def main() -> int:
     if "mirror" in results:
         for line in mirror.describe(results["mirror"]):
             print(f"  mirror {line}")
+    if "analytics" in results:
+        for line in analytics.describe(results["analytics"]):
+            print(f"  analytics {line}")
     for name, error in results["errors"].items():
         print(f"\n{name} FAILED:\n{error}")
     print(f"\nraw results: {path.relative_to(RESULTS.parent.parent)}")
