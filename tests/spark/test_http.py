@@ -208,6 +208,12 @@ async def test_http_cli_and_dashboard(
             str(sent["delivered"])
         )
         await shoot(live, "dashboard")
+        await page.get_by_label("Range").select_option("7d")  # a range of 10,080 minutes
+        await expect(page.get_by_role("status")).to_contain_text("Updated", timeout=60_000)
+        await expect(page.get_by_role("alert")).to_be_hidden()
+        await expect(page.locator("#throughput-total")).to_have_text(
+            f"{sent['published']} published, {sent['delivered']} delivered"
+        )
         assert live.errors == []
         assert await page.evaluate("window.__violations") == []
         assert [m for m in live.console if "403" not in m] == []

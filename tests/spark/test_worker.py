@@ -80,9 +80,8 @@ async def test_worker_queries_streaming_and_restart(spark, tmp_path, blockbuster
         again, how = await service.query("latency", dict(RANGE))
         assert how == "hit"
         assert again == answers[0][0]
-        for name in queries.BATCH:
-            got, _ = await service.query(name, RANGE)
-            assert got["rows"] == [list(r) for r in lake.expected(name, events, p)]
+        got, _ = await service.query("failures", RANGE)
+        assert got["rows"] == [list(r) for r in lake.expected("failures", events, p)]
 
         # The worker refuses a malformed request itself, and carries on.
         with pytest.raises(Refused, match="bucket and limit must be integers"):
