@@ -113,6 +113,11 @@ def run_wrk(
     stats = json.loads(line[len("WRKJSON ") :])
     seconds = stats["duration_us"] / 1e6
     errors = sum(stats[k] for k in ("connect", "read", "write", "status", "timeout"))
+    if stats["status"]:  # refusals (a 429, say) are fast: counting them flatters the rate
+        raise RuntimeError(
+            f"{stats['status']} of {stats['requests']} requests were answered with a status "
+            "other than 2xx: the run measures refusals, not publishing"
+        )
     return {
         "requests": stats["requests"],
         "seconds": seconds,
