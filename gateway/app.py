@@ -15,14 +15,14 @@ from feeds.engine import Engine
 from feeds.store import Store
 
 from . import analytics, bridging, mirroring, oauth, page, resources
-from .authn import AUTH, Authenticator, auth_context, authenticate
+from .authn import AUTH, Authenticator, auth_context
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
 from .durability import store_context
 from .idempotency import Replies
 from .keys import CONFIG, ENGINE, REPLIES, STORE
-from .middleware import errors
-from .shutdown import IN_FLIGHT, InFlight, draining, last_on_connection
+from .middleware import gateway
+from .shutdown import IN_FLIGHT, InFlight
 from .webhooks import HOOKS, Webhooks, webhooks_context
 from .websocket import FRAMES, Frames
 
@@ -31,9 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_app(config: Config) -> web.Application:
-    app = web.Application(
-        middlewares=[errors, draining, authenticate], client_max_size=config.max_body
-    )
+    app = web.Application(middlewares=[gateway], client_max_size=config.max_body)
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
     app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
@@ -57,7 +55,6 @@ def build_app(config: Config) -> web.Application:
         app.router.add_post(TOKEN_PATH, oauth.token)
         app.router.add_get(JWKS_PATH, oauth.jwks)
         app.router.add_get(METADATA_PATH, oauth.metadata)
-    app.on_response_prepare.append(last_on_connection)
     app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(mirroring.mirror_context)  # first in, last out: sees every event
     app.cleanup_ctx.append(auth_context)

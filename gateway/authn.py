@@ -31,7 +31,6 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from joserfc.jwk import ECKey
 
 from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
@@ -89,10 +88,7 @@ class Authenticator:
         self, header: str | None, peer: str | None, forwarded: bool = False
     ) -> Principal:
         if header is None:
-            principal = self.guests.anonymous_for(peer, forwarded)
-            if principal is None:
-                raise Unauthorized("authentication required", self.challenges)
-            return principal
+            return self.anonymous(peer, forwarded)
         scheme, _, credentials = header.strip().partition(" ")
         scheme = scheme.lower()
         if scheme == "bearer":
@@ -102,6 +98,13 @@ class Authenticator:
         raise Unauthorized(
             "unsupported authorization scheme: use Bearer (or Basic)", self.challenges
         )
+
+    def anonymous(self, peer: str | None, forwarded: bool = False) -> Principal:
+        """The principal of a request without credentials, or 401."""
+        principal = self.guests.anonymous_for(peer, forwarded)
+        if principal is None:
+            raise Unauthorized("authentication required", self.challenges)
+        return principal
 
     async def bearer(self, token: str) -> Principal:
         verifier = self.verifier
@@ -180,25 +183,32 @@ def bearer_challenge(error: str, description: str) -> str:
 
 AUTH = web.AppKey("authenticator", Authenticator)
 PRINCIPAL = web.RequestKey("principal", Principal)
-FORWARDING = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
 PUBLIC = frozenset(("/healthz", "/profile/x-gateway", *page.PATHS))  # the page: see page.py
 
 
-@web.middleware
-async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    if request.path in PUBLIC or request.path.startswith(("/oauth/", "/.well-known/")):
+async def authenticate(request: web.Request, authenticator: Authenticator) -> None:
+    """Give the request its principal (:data:`PRINCIPAL`), or raise 401 or 429.
+
+    Paths anyone may use get none. A request without credentials is the anonymous
+    guest (or 401) at once, without awaiting anything: that is most traffic on
+    loopback, where each await would cost a coroutine.
+    """
+    path = request.path
+    if path in PUBLIC or path.startswith(("/oauth/", "/.well-known/")):
         if request.method == "POST":  # the token endpoint checks a secret with scrypt
-            request.app[AUTH].check_rate(request.remote)
-        return await handler(request)
-    authenticator = request.app[AUTH]
+            authenticator.check_rate(request.remote)
+        return
     headers = request.headers
-    forwarded = any(name in headers for name in FORWARDING)  # case-insensitive lookups
-    principal = await authenticator.principal(
-        headers.get("Authorization") or socket_bearer(headers), request.remote, forwarded
+    forwarded = (  # case-insensitive lookups
+        "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
     )
+    header = headers.get("Authorization") or socket_bearer(headers)
+    if header is None:
+        principal = authenticator.anonymous(request.remote, forwarded)
+    else:
+        principal = await authenticator.principal(header, request.remote, forwarded)
     authenticator.take(principal)
     request[PRINCIPAL] = principal
-    return await handler(request)
 
 
 SOCKET_BEARER = "restms.bearer."  # subprotocol prefix carrying a token (docs/BROWSER.md)

@@ -9,9 +9,9 @@ On SIGTERM or SIGINT, :func:`gateway.server.serve` goes through these steps in o
 3. :meth:`InFlight.drain`: the requests already being handled (publishes awaiting
    their commit among them) run to their reply, for at most ``shutdown_grace``
    seconds or until a second signal; whatever still runs then is cancelled. Meanwhile
-   :func:`draining` answers a request that arrives on a connection opened earlier with
-   the same 503 instead of handling it, and :func:`last_on_connection` marks every
-   reply ``Connection: close``.
+   :meth:`InFlight.admit` answers a request that arrives on a connection opened
+   earlier with the same 503 instead of handling it, and the middleware
+   (:mod:`gateway.middleware`) marks every reply ``Connection: close``.
 4. ``runner.cleanup()``: aiohttp writes out the last replies and closes the
    connections, then the cleanup contexts run in reverse order; the store commits
    what the journal still holds and closes.
@@ -25,10 +25,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from aiohttp import hdrs, web
-from aiohttp.typedefs import Handler
+from aiohttp import web
 
-from .keys import ENGINE
+from feeds.engine import Engine
 
 CANCEL_WAIT = 1.0  # seconds cancelled requests get to unwind before the runner closes them
 
@@ -52,6 +51,14 @@ class InFlight:
 
     def add(self, task: asyncio.Task[None]) -> None:
         self._requests.add(task)
+
+    def admit(self, engine: Engine, request: web.Request) -> asyncio.Task[None]:
+        """Once shutdown has begun, refuse the request (503 + ``Retry-After``); until
+        then, count it: the caller discards the task returned when its reply is made."""
+        engine.check_open()
+        task = request.task
+        self._requests.add(task)
+        return task
 
     def discard(self, task: asyncio.Task[None]) -> None:
         self._requests.discard(task)
@@ -87,22 +94,3 @@ class InFlight:
 
 
 IN_FLIGHT = web.AppKey("in_flight", InFlight)
-
-
-@web.middleware
-async def draining(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Once shutdown has begun, answer 503 + ``Retry-After``; until then, count the request."""
-    request.app[ENGINE].check_open()
-    in_flight, task = request.app[IN_FLIGHT], request.task
-    in_flight.add(task)
-    try:
-        return await handler(request)
-    finally:
-        in_flight.discard(task)
-
-
-async def last_on_connection(request: web.Request, response: web.StreamResponse) -> None:
-    """During shutdown every reply says ``Connection: close``: no request follows it."""
-    if request.app[ENGINE].closing:
-        response.force_close()  # aiohttp closes the connection after this reply
-        response.headers[hdrs.CONNECTION] = "close"  # its headers are set by now: say so
