@@ -7,6 +7,7 @@ The theory of operation is in :mod:`feeds.engine`.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Iterator, Sequence
 from collections.abc import Set as AbstractSet
 
@@ -50,9 +51,10 @@ class Delivery(Core):
         A message whose ``message_id`` the feed routed within the dedup window is not
         routed again: its count is a :class:`Duplicate` of the first one's.
         """
-        alive(feed)
-        window = self._window(feed) if self.config.dedup_window else None
-        ids = _message_ids(messages) if window is not None else None
+        if feed.deleted:
+            alive(feed)
+        ids = _message_ids(messages) if self.config.dedup_window else None
+        window = self._window(feed) if ids else None
         repeats = self._repeats(window, ids) if ids else _NONE
         if feed.type in QUEUEING_TYPES:
             would_queue = len(messages) - len(repeats) - capacity(feed)
@@ -68,7 +70,7 @@ class Delivery(Core):
         elif self._rejecting:
             self._check_room(feed, messages, repeats)
         claimed = self._claim_contents(feed, messages, repeats, owner)
-        now, mono = self._wall(), self._mono()
+        now, mono = self._wall(), self._mono() if ids else 0.0
         counts: list[int] = []
         route = self._route
         for index, spec in enumerate(messages):
@@ -240,6 +242,12 @@ class Delivery(Core):
             self._deliver(join.pipe, spec, parts, feed, now, durable, size, redeliveries)
             return 1
         joins = matching(feed, spec)
+        if len(joins) == 1:  # the common case: one matching join, so one pipe
+            pipe = joins[0].pipe
+            if pipe.full(size) and not self._room(feed, spec, pipe, now, size):
+                return 0
+            self._deliver(pipe, spec, parts, feed, now, durable, size, redeliveries)
+            return 1
         if not joins:
             return 0
         count = 0
@@ -250,18 +258,23 @@ class Delivery(Core):
             if took is not None and pipe in took:
                 count += 1
                 continue
-            if pipe.full(size) and (
-                pipe.overflow != "drop-oldest" or not self._make_room(pipe, size)
-            ):
-                self.counters.skipped_full += 1
-                if self.mirror is not None:
-                    emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
+            if pipe.full(size) and not self._room(feed, spec, pipe, now, size):
                 continue
             count += 1
             if took is not None:
                 took.add(pipe)
             self._deliver(pipe, spec, parts, feed, now, durable, size, redeliveries)
         return count
+
+    def _room(self, feed: Feed, spec: MessageSpec, pipe: Pipe, now: float, size: int) -> bool:
+        """A full pipe (Q2): room made by dropping its oldest messages ("drop-oldest"),
+        or False when it skips the message (counted and mirrored)."""
+        if pipe.overflow == "drop-oldest" and self._make_room(pipe, size):
+            return True
+        self.counters.skipped_full += 1
+        if self.mirror is not None:
+            emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
+        return False
 
     def _make_room(self, pipe: Pipe, size: int) -> bool:
         """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of
@@ -427,9 +440,14 @@ _NONE: frozenset[int] = frozenset()
 
 def _message_ids(messages: Sequence[MessageSpec]) -> list[str | None] | None:
     """Each message's ``message_id``, or None when none has one (most carry no
-    properties at all)."""
+    properties at all: that is found without a Python-level loop)."""
+    if not any(map(_PROPS, messages)):
+        return None
     ids = [spec.prop("message_id") if spec.props else None for spec in messages]
     return ids if any(ids) else None
+
+
+_PROPS = operator.attrgetter("props")
 
 
 def label(pipe: Pipe) -> str:

@@ -119,9 +119,8 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     content_type = request.headers.get("Content-Type", "")
     body = await http.read_body(request)
     body_fmt = body_format(content_type) if bare_type(content_type) else looks_structured(body)
-    engine = request.app[ENGINE]
     if body_fmt is None:
-        staged = engine.stage(
+        staged = request.app[ENGINE].stage(
             feed, body, content_type.strip() or OCTET_STREAM, http.principal(request)
         )
         # M1: 201 + Location, no Content-Type and an empty body.
@@ -139,10 +138,12 @@ async def publish(request: web.Request, feed: Feed, body: bytes, fmt: Format) ->
 
     The one publish path: a POST on a feed and a WebSocket publish frame both end here.
     """
-    config = request.app[CONFIG]
-    engine = request.app[ENGINE]
+    app = request.app  # a property chain in aiohttp: read once
+    config, engine = app[CONFIG], app[ENGINE]
     messages = fastpath.messages(body, fmt, config.codec, config.limits)
     counts = engine.publish(feed, messages, http.principal(request))
+    if not engine.journal:  # nothing durable changed (non-persistent messages)
+        return counts
     try:
         await committed(request)
     except ServiceUnavailable:

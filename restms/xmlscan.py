@@ -43,7 +43,7 @@ _PROLOG = re.compile(
     rf"(?:<\?xml{_WS}+version{_WS}*={_WS}*([\"'])1\.0\1"
     rf"(?:{_WS}+encoding{_WS}*={_WS}*([\"'])(?i:utf-8)\2)?"
     rf"(?:{_WS}+standalone{_WS}*={_WS}*([\"'])(?:yes|no)\3)?{_WS}*\?>)?{_WS}*"
-    rf"<restms(?:{_WS}+xmlns{_WS}*={_WS}*{_NS_VALUE})?{_WS}*>"
+    rf"<restms(?:{_WS}+xmlns{_WS}*={_WS}*{_NS_VALUE})?{_WS}*>{_WS}*+"
 )
 # One start or end tag, whole: "<message a='v'>", "<content/>", "</content >".
 _TAG = re.compile(rf"<(message|content|header){_ATTRS}(/?)>|</(message|content|header){_WS}*>")
@@ -53,12 +53,13 @@ _ATTR = re.compile(rf"({_NAME}){_WS}*={_WS}*(?:\"([^\"]*)\"|'([^']*)')")
 # The most common message in two matches around its text: its start tag, then empty
 # <header/> tags, then either its end or one <content> start tag; after the content's
 # text (found with str.find, at memchr speed), the content's end and the message's.
-# The groups are raw tags, each read by _TAG as any other. Possessive repeats never
-# backtrack.
+# Both take the white space after the message too. The groups are raw tags, each read
+# by _TAG as any other. Possessive repeats never backtrack.
 _MESSAGE = re.compile(
-    rf"{_WS}*+(<message[^>]*+>)((?:{_WS}*+<header[^>]*+>)*+){_WS}*+(?:(<content[^>]*+>)|</message>)"
+    rf"(<message[^>]*+>)((?:{_WS}*+<header[^>]*+>)*+){_WS}*+"
+    rf"(?:(<content[^>]*+>)|</message>{_WS}*+)"
 )
-_MESSAGE_TAIL = re.compile(rf"</content>{_WS}*+</message>")
+_MESSAGE_TAIL = re.compile(rf"</content>{_WS}*+</message>{_WS}*+")
 _RAW_TAGS = re.compile(r"<[^>]*+>")  # as _MESSAGE cuts them: each is checked by _TAG
 
 # What XML forbids in text or would rewrite: controls, CR, U+FFFE, U+FFFF, "]]>", and
@@ -161,10 +162,12 @@ def scan(body: bytes) -> list[Scanned] | None:
     found = _PROLOG.match(text)
     if found is None or not _plain(body, text):
         return None
-    pos = found.end()
+    pos = found.end()  # here and after each message: at a "<" or at the end
     out: list[Scanned] = []
     match, seen = _MESSAGE.match, _SEEN
     while True:
+        if text.startswith("</", pos):
+            return out if _ROOT_END.match(text, pos) else None
         whole = match(text, pos)
         if whole is not None:  # the common shape: its tags read without a loop
             message, end = _whole(whole, text, seen)
@@ -172,14 +175,11 @@ def scan(body: bytes) -> list[Scanned] | None:
                 out.append(message)
                 pos = end
                 continue
-        pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # always matches
-        if _ROOT_END.match(text, pos):
-            return out
         step = _message(text, pos)
         if step is None:
             return None  # anything else, even "<message a='>'>": lxml decides
         out.append(step[0])
-        pos = step[1]
+        pos = _SPACE.match(text, step[1]).end()  # type: ignore[union-attr]  # always matches
 
 
 def _whole(

@@ -157,11 +157,20 @@ def test_unusual_shapes_defer_to_the_generic_path(body: bytes) -> None:
 
 
 @pytest.mark.parametrize("fmt", list(Format))
-@pytest.mark.parametrize("values", [[0], [1, 2, 0], list(range(50))])
+@pytest.mark.parametrize(
+    "values", [[0], [1], [specs.Duplicate(1)], [1, 2, 0], [2, specs.Duplicate(1)], list(range(50))]
+)
 def test_F18_direct_count_reply_equals_the_generic_document(values: list[int], fmt: Format) -> None:
     from restms import Document, Element, encode
 
-    reference = Document(elements=tuple(Element("message", {"count": str(n)}) for n in values))
+    def attrs(n: int) -> dict[str, str]:
+        return (
+            {"count": str(n), "duplicate": "1"}
+            if isinstance(n, specs.Duplicate)
+            else {"count": str(n)}
+        )
+
+    reference = Document(elements=tuple(Element("message", attrs(n)) for n in values))
     assert fastpath.counts(values, fmt) == encode(reference, fmt)
 
 
