@@ -46,12 +46,12 @@ def _sees(request: web.Request, principal: Principal, domain: Domain) -> None:
 
 def _feed_visible(request: web.Request, principal: Principal, feed: Feed) -> None:
     """404 unless the principal may know the feed exists."""
-    engine = request.app[ENGINE]
-    if feed is engine.default_feed:
+    app = request.app  # a property chain in aiohttp: read once
+    if feed is app[ENGINE].default_feed:
         return  # F14: the default feed is in every domain; its joins decide delivery
-    if not feed.public and feed.owner != principal.name:
+    if feed.name is None and feed.owner != principal.name:  # private: its owner's
         raise NotFound(HIDDEN)
-    if not request.app[AUTH].tenants.sees(principal, feed.domain.name):
+    if not app[AUTH].tenants.sees(principal, feed.domain.name):
         raise NotFound(f"no feed named {feed.key!r}") if feed.public else NotFound(HIDDEN)
 
 
@@ -98,8 +98,8 @@ def check(request: web.Request, target: object) -> None:
         domain = target.domain.name
         if method in READS:
             _need(principal, "read", domain, target.name)
-        elif method == "POST":
-            may_publish(request, target)
+        elif method == "POST":  # as may_publish, with the principal in hand
+            _need(principal, "publish", domain, target.name)
         elif method in ("PUT", "DELETE"):
             _need(principal, "publish", domain, target.name)
             if target.owner != principal.name and not principal.grants.allows(

@@ -202,7 +202,9 @@ async def authenticate(request: web.Request, authenticator: Authenticator) -> No
     forwarded = (  # case-insensitive lookups
         "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
     )
-    header = headers.get("Authorization") or socket_bearer(headers)
+    header = headers.get("Authorization")
+    if header is None and "Upgrade" in headers:
+        header = socket_bearer(headers)
     if header is None:
         principal = authenticator.anonymous(request.remote, forwarded)
     else:

@@ -13,6 +13,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 
+from feeds.engine import Engine
 from feeds.model import (
     Domain,
     Feed,
@@ -164,7 +165,7 @@ async def publish_to(request: web.Request, where: str, body: bytes) -> list[int]
     found = split_path(uri_path(path))
     if found is None:
         raise NotFound(f"no RestMS resource at {where}")
-    target = _find(request, *found)
+    target = _find(request.app[ENGINE], *found)
     access.visible(request, target)
     if not isinstance(target, Feed):
         raise BadRequest(f"{where} is not a feed: only feeds are published to")
@@ -428,7 +429,7 @@ def allowed(kind: str) -> tuple[str, ...]:
     return tuple([*names, "HEAD"]) if "GET" in names else tuple(names)
 
 
-async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
+async def dispatch(request: web.Request, target: Any, engine: Engine) -> web.StreamResponse:
     kind = _KINDS[type(target)]
     method = "GET" if request.method == "HEAD" else request.method
     entry = METHODS[kind].get(method)
@@ -445,14 +446,17 @@ async def dispatch(request: web.Request, target: Any) -> web.StreamResponse:
             request.app[REPLIES],
             http.principal(request),
             http.read_body,
-            lambda: _run(entry, request, target),
+            lambda: _run(entry, request, target, engine),
         )
-    return await _run(entry, request, target)
+    return await _run(entry, request, target, engine)
 
 
-async def _run(entry: Handler, request: web.Request, target: Any) -> web.StreamResponse:
+async def _run(
+    entry: Handler, request: web.Request, target: Any, engine: Engine
+) -> web.StreamResponse:
     response = await entry(request, target)
-    await committed(request)  # no reply before what it reports is on disk
+    if engine.journal:  # no reply before what it reports is on disk
+        await committed(request)
     return response
 
 
@@ -470,12 +474,7 @@ def _exists(request: web.Request, target: Any) -> bool:
     return True
 
 
-def _lookup(request: web.Request) -> Any:
-    return _find(request, request.match_info.route.name, request.match_info["name"])
-
-
-def _find(request: web.Request, kind: str | None, name: str) -> Any:
-    engine = request.app[ENGINE]
+def _find(engine: Engine, kind: str | None, name: str) -> Any:
     if kind == "domain":
         return engine.domain(name)
     if kind == "feed":
@@ -485,14 +484,16 @@ def _find(request: web.Request, kind: str | None, name: str) -> Any:
 
 async def handle(request: web.Request) -> web.StreamResponse:
     """Entry point for every ``/restms/{kind}/{name}`` route."""
+    engine = request.app[ENGINE]
+    match = request.match_info
     try:
-        target = _lookup(request)
+        target = _find(engine, match.route.name, match["name"])
         access.visible(request, target)  # another's, or another tenant's: not there
     except NotFound:
         if request.method == "DELETE":
             return web.Response(status=200)  # R4, L10: DELETE is idempotent
         raise
-    return await dispatch(request, target)
+    return await dispatch(request, target, engine)
 
 
 async def unknown(request: web.Request) -> web.StreamResponse:

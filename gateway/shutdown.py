@@ -62,7 +62,7 @@ class InFlight:
 
     def discard(self, task: asyncio.Task[None]) -> None:
         self._requests.discard(task)
-        if not self._requests:
+        if self._idle is not None and not self._requests:
             self._settle()
 
     def hurry(self) -> None:

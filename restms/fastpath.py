@@ -18,7 +18,7 @@ import orjson
 from . import decode, specs
 from .document import NAMESPACE, ROOT
 from .errors import BadRequest
-from .jsoncodec import is_name, may_hold_controls
+from .jsoncodec import NAMES, is_name, may_hold_controls
 from .media import Format
 from .specs import (
     Content,
@@ -163,13 +163,33 @@ def _from_tree(
 def _strings(obj: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, str] | None:
     """The properties of a JSON element when all are strings (J3), else None."""
     attrs = {}
+    names = NAMES
     for key, value in obj.items():
         if key in skip:
             continue
-        if not isinstance(value, str) or not is_name(key):
+        if type(value) is not str or (key not in names and not is_name(key)):
             return None
         attrs[key] = value
     return attrs
+
+
+_PARTS = ("header", "content")  # a message's child elements, not properties
+_ABSENT: list[Any] = []  # what a message without headers or contents has (never changed)
+# JSON elements are fresh objects, so what a message's properties say is remembered by
+# their items, while they are few and short (clients choose them; the memo stays
+# small), and a content's type and encoding by their values.
+_JSON_HEADS: dict[tuple[tuple[str, str], ...], Head] = {}
+_JSON_CONTENTS: dict[tuple[str | None, str | None, str | None], ContentHead] = {}
+
+
+def _json_head(attrs: dict[str, str]) -> Head:
+    key = tuple(attrs.items())
+    head = _JSON_HEADS.get(key)
+    if head is None:
+        head = message_head(attrs)
+        if len(key) <= 4 and len(_JSON_HEADS) < 1024 and sum(map(len, attrs.values())) <= 256:
+            _JSON_HEADS[key] = head
+    return head
 
 
 def _from_json(
@@ -190,32 +210,36 @@ def _from_json(
     out: list[MessageSpec] = []
     elements = 0
     for item in items:
-        if not isinstance(item, dict):
+        if type(item) is not dict:
             return None
-        attrs = _strings(item, ("header", "content"))
+        attrs = _strings(item, _PARTS)
         if attrs is None:
             return None
-        if not isinstance(item.get("header", []), list) or not isinstance(
-            item.get("content", []), list
-        ):
+        header_items = item.get("header", _ABSENT)
+        content_items = item.get("content", _ABSENT)
+        if type(header_items) is not list or type(content_items) is not list:
             return None
         headers: list[tuple[str, str]] = []
         contents: list[Content] = []
-        for entry in item.get("header") or ():
+        for entry in header_items:
             fields = _strings(entry) if isinstance(entry, dict) else None
             if fields is None:
                 return None
             headers.append(header(fields))
-        for entry in item.get("content") or ():
-            fields = _strings(entry) if isinstance(entry, dict) else None
+        for entry in content_items:
+            fields = _strings(entry) if type(entry) is dict else None
             if fields is None or ("value" in fields and "#text" in fields):
                 return None
+            key = (fields.get("href"), fields.get("type"), fields.get("encoding"))
+            found = _JSON_CONTENTS.get(key)
+            if found is None:
+                found = content_head(*key)
+                if len(_JSON_CONTENTS) < 1024 and sum(len(part or "") for part in key) <= 256:
+                    _JSON_CONTENTS[key] = found
             text = fields.get("value", fields.get("#text"))
-            contents.append(
-                content(fields.get("href"), fields.get("type"), fields.get("encoding"), text)
-            )
+            contents.append(found if isinstance(found, LinkedContent) else embedded(found, text))
         elements += 1 + len(headers) + len(contents)
-        out.append(build_message(attrs, headers, contents, limits))
+        out.append(checked_message(_json_head(attrs), headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
 
 

@@ -128,16 +128,18 @@ def _element(
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*\Z")
 
 
-_NAMES: set[str] = set()  # names already found valid; bounded, names are client-chosen
+# Names already found valid (bounded: names are client-chosen). Hot loops test
+# ``name in NAMES`` before calling :func:`is_name`.
+NAMES: set[str] = set()
 
 
 def is_name(name: str) -> bool:
-    if name in _NAMES:
+    if name in NAMES:
         return True
     if _NAME.match(name) is None:
         return False
-    if len(_NAMES) < 1024:
-        _NAMES.add(name)
+    if len(NAMES) < 1024:
+        NAMES.add(name)
     return True
 
 

@@ -45,6 +45,9 @@ _PROLOG = re.compile(
     rf"(?:{_WS}+standalone{_WS}*={_WS}*([\"'])(?:yes|no)\3)?{_WS}*\?>)?{_WS}*"
     rf"<restms(?:{_WS}+xmlns{_WS}*={_WS}*{_NS_VALUE})?{_WS}*>{_WS}*+"
 )
+# The opening most publishers send, tried as a literal first (the regex costs as much
+# as reading a whole small message).
+_ROOT = '<restms xmlns="http://www.restms.org/schema/restms">'
 # One start or end tag, whole: "<message a='v'>", "<content/>", "</content >".
 _TAG = re.compile(rf"<(message|content|header){_ATTRS}(/?)>|</(message|content|header){_WS}*>")
 _SPACE = re.compile(rf"{_WS}*")
@@ -159,10 +162,18 @@ def scan(body: bytes) -> list[Scanned] | None:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         return None
-    found = _PROLOG.match(text)
-    if found is None or not _plain(body, text):
+    if text.startswith(_ROOT):
+        pos = len(_ROOT)
+        if text[pos : pos + 1] != "<":
+            pos = _SPACE.match(text, pos).end()  # type: ignore[union-attr]  # always matches
+    else:
+        found = _PROLOG.match(text)
+        if found is None:
+            return None
+        pos = found.end()
+    if not _plain(body, text):
         return None
-    pos = found.end()  # here and after each message: at a "<" or at the end
+    # From here, and after each message: at a "<" or at the end.
     out: list[Scanned] = []
     match, seen = _MESSAGE.match, _SEEN
     while True:

@@ -192,3 +192,26 @@ def test_messages_falls_back_to_the_generic_path(body: bytes) -> None:
     assert _outcome(lambda: fastpath.messages(body, Format.XML, CODEC, LIMITS)) == _outcome(
         lambda: specs.messages(decode(body, Format.XML, CODEC), LIMITS)
     )
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"restms":{"message":[{"header":null}]}}',
+        b'{"restms":{"message":[{"content":{"value":"x"}}]}}',
+        b'{"restms":{"message":[{"address":"a","content":[{"value":"x","#text":"y"}]}]}}',
+        b'{"restms":{"message":[{"address":1}]}}',
+    ],
+)
+def test_json_shapes_the_fast_path_leaves_to_the_generic_path(body: bytes) -> None:
+    assert fastpath.direct(body, Format.JSON, CODEC, LIMITS) is None
+    _check(body, Format.JSON)
+
+
+def test_json_message_heads_are_checked_the_same_when_remembered() -> None:
+    """The second message has the same properties as the first: its head comes from
+    the memo and must be what building it afresh gives."""
+    one = {"address": "a", "priority": "7", "content": [{"type": "t", "value": "x"}]}
+    body = json.dumps({"restms": {"message": [one, one]}}).encode()
+    first, second = fastpath.direct(body, Format.JSON, CODEC, LIMITS) or ()
+    assert first == second == specs.messages(decode(body, Format.JSON, CODEC), LIMITS)[0]
