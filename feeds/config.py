@@ -12,6 +12,7 @@ from restms.webhook import WebhookLimits
 DEFAULT_FEED = "default"
 DEFAULT_DOMAIN = "default"
 DEAD_LETTER_FEED = "dead-letter"
+SYSTEM_FEED = "restms.system"  # management events (docs/EVENTS.md)
 # What a message held in memory costs beyond its content bytes (objects, the pipe's
 # index), as the memory budget counts it: measured, see docs/DURABILITY.md.
 OVERHEAD = 1000
@@ -54,6 +55,10 @@ class EngineConfig:
     lease: float = 300.0
     max_deliveries: int = 5
     dead_letter_feed: str = DEAD_LETTER_FEED  # "": dead letters are discarded (counted)
+    # The topic feed management events are published on ("": none), and the seconds
+    # within which repeated events about one object are coalesced into one.
+    system_feed: str = SYSTEM_FEED
+    events_interval: float = 10.0
     pipe_idle_timeout: float = 600.0  # Q1: idle private pipes are collected (0: never)
     # Deduplication per feed on message_id: seconds and ids remembered (0 seconds: off).
     dedup_window: float = 600.0
@@ -88,6 +93,17 @@ class EngineConfig:
                 check_name(self.dead_letter_feed, "feed")
             except BadRequest as exc:
                 raise ValueError(f"dead_letter_feed: {exc.reason}") from exc
+        if self.system_feed:
+            if self.system_feed in (DEFAULT_FEED, self.dead_letter_feed):
+                raise ValueError("system_feed must be a feed of its own")
+            try:
+                check_name(self.system_feed, "feed")
+            except BadRequest as exc:
+                raise ValueError(f"system_feed: {exc.reason}") from exc
+            if any(feed.name == self.system_feed for feed in self.feeds):
+                raise ValueError(f"feed {self.system_feed!r} is the system feed: configure it so")
+        if self.events_interval <= 0:
+            raise ValueError("events_interval must be positive")
         if self.overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {', '.join(sorted(OVERFLOW_POLICIES))}")
         names = [name for name, _ in self.domains]
@@ -123,3 +139,7 @@ class Counters:
     collected: int = 0  # idle pipes collected (Q1)
     spilled: int = 0  # messages that went to disk past the memory budget
     paged_in: int = 0  # messages read back from disk
+    delivered: int = 0  # copies handed to readers and webhook receivers (bridges count their own)
+    hook_delivered: int = 0  # webhook deliveries the receiver took (2xx)
+    hook_failed: int = 0  # webhook attempts that failed (tried again later)
+    hook_dead: int = 0  # webhook messages given up on (dead-lettered or discarded)

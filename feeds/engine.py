@@ -45,8 +45,10 @@ from restms.specs import JoinSpec, PipeOptions
 
 from .config import EngineConfig
 from .delivery import Delivery
+from .events import Events, feed_label
+from .mirroring import address as shown_address
 from .mirroring import emit_pipe
-from .model import Clock, Feed, Message, Pipe, content_size
+from .model import Clock, Feed, Join, Message, Pipe, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
 from .store import Snapshot, decode_parts, epoch_of, loads, message_spec, redeliveries
@@ -69,6 +71,15 @@ class Engine(Delivery):
         # (acknowledged or moved messages) are skipped when they come up.
         self._leases: list[tuple[float, int, Pipe, Message]] = []
         self._tick = itertools.count()
+        name = self.config.system_feed
+        if name:
+            self.events = Events(
+                self.public_feeds[name],
+                self._route,
+                interval=self.config.events_interval,
+                wall=self._wall,
+                mono=self._mono,
+            )
 
     # ------------------------------------------------------------ recovery
     def restore(self, snapshot: Snapshot) -> None:
@@ -228,15 +239,17 @@ class Engine(Delivery):
 
     # ------------------------------------------------------------ leases and dead letters
     def delivered(self, pipe: Pipe, message: Message, outcome: str = "ok") -> None:
-        """A copy of the message was handed to a reader (mirrored as "deliver")."""
-        self.mirrored("deliver", pipe, message, outcome, latency=True)
+        """A copy of the message was handed to a reader: counted, and mirrored as
+        "deliver" when the mirror is on."""
+        self.counters.delivered += 1
+        if self.mirror is not None:
+            self.mirrored("deliver", pipe, message, outcome, latency=True)
 
     def lease(self, pipe: Pipe, message: Message) -> None:
         """A reader fetched this message: unless it is acknowledged within the pipe's
         lease, it is delivered again (or dead-lettered after ``max_deliveries``).
         Every call is a delivery (:meth:`delivered`)."""
-        if self.mirror is not None:
-            self.delivered(pipe, message)
+        self.delivered(pipe, message)
         if pipe.lease <= 0 or message.leased is not None or pipe.deleted or pipe.hook:
             return  # a webhook pipe's messages are the gateway's to deliver, not leased
         if pipe.messages.get(message.seq) is not message:
@@ -321,6 +334,16 @@ class Engine(Delivery):
             nowhere = target is None or target.deleted or full
             kind, outcome = ("drop", "discarded") if nowhere else ("dead_letter", reason)
             emit_pipe(self.mirror, kind, now, pipe, message, self.public_feeds, outcome)
+        if self.events is not None:
+            nowhere = target is None or target.deleted or full
+            self.events.dead_letter(
+                pipe,
+                message.feed_name,
+                shown_address(message.feed_name, message.spec),
+                message.spec.prop("message_id") if message.spec.props else None,
+                reason,
+                None if nowhere or target is None else feed_label(target),
+            )
         if target is None or target.deleted or full:
             self.counters.dead_discarded += 1
             log.warning("a dead letter had nowhere to go and was discarded")
@@ -335,6 +358,8 @@ class Engine(Delivery):
         hook = self._hook(pipe)
         hook.outcome(status, error, self._wall())
         hook.fire("verified" if ok else "refused")
+        if not ok and self.events is not None:
+            self.events.webhook_failing(pipe, status, f"verification failed: {error}", 0)
         self.hook_moved(pipe)
 
     def hook_delivered(self, pipe: Pipe, message: Message, status: str) -> None:
@@ -343,8 +368,9 @@ class Engine(Delivery):
         hook.outcome(status, "", self._wall())
         hook.delivered += 1
         hook.done(message.seq)
-        if self.mirror is not None:  # the receiver's 2xx is delivery and acknowledgement
-            self.delivered(pipe, message, status)
+        self.counters.hook_delivered += 1
+        self.delivered(pipe, message, status)  # the receiver's 2xx: delivery and ack
+        if self.mirror is not None:
             self.mirrored("ack", pipe, message, latency=True)
         self._settle(pipe, message)
         self.hook_moved(pipe)
@@ -356,6 +382,9 @@ class Engine(Delivery):
         hook = self._hook(pipe)
         hook.outcome(status, error, self._wall())
         hook.failed(message.seq, attempt, retry_at)
+        if self.events is not None:
+            self.events.webhook_failing(pipe, status, error, attempt)
+        self.counters.hook_failed += 1
         self.hook_moved(pipe)
 
     def hook_give_up(self, pipe: Pipe, message: Message, reason: str) -> None:
@@ -367,6 +396,7 @@ class Engine(Delivery):
         if pipe.messages.get(message.seq) is message:
             self.dead_letter(pipe, message, reason, why)
         hook.dead += 1
+        self.counters.hook_dead += 1
         hook.done(message.seq)
         self._settle(pipe, message)
         self.hook_moved(pipe)
@@ -418,13 +448,62 @@ class Engine(Delivery):
         ]
         for pipe in idle:
             log.info("idle pipe collected", extra={"messages": len(pipe.messages)})
-            self.delete_pipe(pipe)
+            self.delete_pipe(pipe, "idle")
         self.counters.collected += len(idle)
         return len(idle)
 
     def sweep(self) -> int:
-        """Background upkeep: leases that ran out, idle pipes (Q1) and staged contents
-        past their TTL (M4); returns how many staged contents went."""
+        """Background upkeep: leases that ran out, idle pipes (Q1), coalesced events and
+        staged contents past their TTL (M4); returns how many staged contents went."""
         self.sweep_leases()
         self.collect_idle()
+        if self.events is not None:
+            self.events.flush()  # coalesced events whose interval has passed
         return self.expire_staged()
+
+    # ------------------------------------------------------------ what there is now
+    def census(self) -> Census:
+        """How many resources there are and how much they hold, right now: one scan of
+        every resource (for a metrics scrape, never the hot path)."""
+        pipes: dict[str, int] = {}
+        feeds = len(self.public_feeds)
+        joins = messages = on_disk = deepest = 0
+        queued = sum(len(feed.queue) for feed in self.public_feeds.values())
+        for found in self._private.values():
+            if isinstance(found, Pipe):
+                pipes[found.type] = pipes.get(found.type, 0) + 1
+                depth = len(found.messages) + found.spilled
+                messages += len(found.messages)
+                on_disk += found.spilled
+                deepest = max(deepest, depth)
+            elif isinstance(found, Join):
+                joins += 1
+            elif isinstance(found, Feed):
+                feeds += 1
+                queued += len(found.queue)
+        return Census(
+            feeds=feeds,
+            pipes=pipes,
+            joins=joins,
+            messages=messages,
+            on_disk=on_disk,
+            deepest=deepest,
+            queued=queued,
+            staged_bytes=self._staged_bytes,
+            held_bytes=self.held,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class Census:
+    """What :meth:`Engine.census` counted."""
+
+    feeds: int  # public and private
+    pipes: dict[str, int]  # by pipe type
+    joins: int  # default joins included
+    messages: int  # held in pipes, in memory
+    on_disk: int  # held in pipes, waiting on disk past the memory budget
+    deepest: int  # the most messages one pipe holds (memory and disk)
+    queued: int  # waiting in rotator and service feeds' queues
+    staged_bytes: int  # staged contents not yet referenced
+    held_bytes: int  # estimated bytes of the messages pipes hold in memory

@@ -29,6 +29,7 @@ import logging
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -224,8 +225,13 @@ class Store:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._reader: sqlite3.Connection | None = None  # for pages read back
         self._reader_lock = threading.Lock()
+        # Written by the writer thread only, read by anyone (plain ints and floats: a
+        # reader sees a value at most one transaction old).
         self.commits = 0  # transactions
         self.batches = 0  # batches they carried (batches / commits = group-commit factor)
+        self.commit_seconds = 0.0  # time spent in transactions, failed ones included
+        self.failures = 0  # transactions that failed (rolled back)
+        self.failing = ""  # the last failure, until a transaction succeeds again
 
     # -- start-up and shut-down (blocking: call from a worker thread)
     def load(self, head_budget: int = 0, overhead: int = 0) -> Snapshot:
@@ -330,6 +336,15 @@ class Store:
             self._db.close()
             self._db = None
 
+    @property
+    def running(self) -> bool:
+        """The writer thread is there to commit what is submitted."""
+        return self._thread is not None and self._thread.is_alive()
+
+    def waiting(self) -> int:
+        """Batches submitted and not yet taken into a transaction."""
+        return self._queue.qsize()
+
     # -- writing (event loop thread)
     def submit(self, ops: list[Op]) -> asyncio.Future[None]:
         """Queue a batch of journal records; the future resolves once they are committed."""
@@ -358,6 +373,7 @@ class Store:
                     break
                 batches.append(more)
             error: BaseException | None = None
+            began = time.perf_counter()
             try:
                 db.execute("BEGIN IMMEDIATE")
                 for statements, _ in batches:
@@ -366,11 +382,15 @@ class Store:
                 db.execute("COMMIT")
                 self.commits += 1
                 self.batches += len(batches)
+                self.failing = ""
             except sqlite3.Error as exc:
                 log.error("store commit failed: %s", exc)
                 with contextlib.suppress(sqlite3.Error):
                     db.execute("ROLLBACK")
                 error = StoreError(f"could not commit to the store: {exc}")
+                self.failures += 1
+                self.failing = str(exc)
+            self.commit_seconds += time.perf_counter() - began
             self._resolve([future for _, future in batches], error)
             if stop:
                 return
