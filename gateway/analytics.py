@@ -10,7 +10,8 @@ scope. Analytics aggregate every domain and feed, so a scope narrowed to some of
 does not reach here (``403``). Answers carry ``X-Analytics-Cache``: ``miss`` (computed
 for this request), ``shared`` (computed for an identical request at the same time) or
 ``hit`` (from the cache). Failures are ``text/plain``: ``400`` for a bad query or
-parameter, ``503`` while the worker is starting, busy or failed, ``504`` when the
+parameter, ``503`` while the worker is starting, busy or failed (or always, when the
+setting ``analytics`` is off: no worker at all), ``504`` when the
 query outlived ``analytics_timeout`` (each with ``Retry-After``).
 
     GET /analytics                 the query names and the cache's counters
@@ -61,7 +62,10 @@ def make_analytics(config: Config) -> Analytics:
         max_pending=config.analytics_max_pending,
     )
     return Analytics(
-        worker, cache_seconds=config.analytics_cache_seconds, timeout=config.analytics_timeout
+        worker,
+        cache_seconds=config.analytics_cache_seconds,
+        timeout=config.analytics_timeout,
+        enabled=config.analytics,
     )
 
 

@@ -163,6 +163,7 @@ class Config:
     mirror_rotate_bytes: int = 64 * 1024 * 1024  # a lake file is closed at this size
     mirror_rotate_seconds: float = 300.0  # ... or at this age
     # analytics (docs/ANALYTICS.md): Spark in a worker process, started on the first query
+    analytics: bool = True  # answer analytics queries (off: 503 and no Spark worker ever)
     analytics_master: str = "local[*]"  # Spark master URL: local[N], spark://..., k8s://...
     analytics_cache_seconds: float = 30.0  # answers are reused this long (0: no cache)
     analytics_timeout: float = 120.0  # seconds a query may take; then 504, worker restarted

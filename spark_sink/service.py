@@ -24,6 +24,7 @@ Error tree (``status`` is the HTTP status the gateway answers with)::
     ├── Refused                     400  a bad query name or parameter
     ├── Busy                        503  too many requests waiting for the worker
     ├── WorkerFailed                503  the worker could not start, or ended
+    ├── Off                         503  analytics are turned off (no worker at all)
     └── TimedOut                    504  a request took longer than its timeout
 """
 
@@ -74,6 +75,10 @@ class WorkerFailed(AnalyticsError):
 
 class TimedOut(AnalyticsError):
     status = 504
+
+
+class Off(AnalyticsError):
+    status = 503
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,10 +263,13 @@ class Counters:
 class Analytics:
     """Checked, cached and shared queries over one :class:`Worker`."""
 
-    def __init__(self, worker: Worker, *, cache_seconds: float, timeout: float) -> None:
+    def __init__(
+        self, worker: Worker, *, cache_seconds: float, timeout: float, enabled: bool = True
+    ) -> None:
         self.worker = worker
         self.cache_seconds = cache_seconds
         self.timeout = timeout
+        self.enabled = enabled  # off: checked queries are refused (Off), no worker starts
         self.counters = Counters()
         self._cache: OrderedDict[tuple[str, ...], tuple[float, dict[str, Any]]] = OrderedDict()
         self._running: dict[tuple[str, ...], asyncio.Task[dict[str, Any]]] = {}
@@ -273,6 +281,8 @@ class Analytics:
             params = parse(raw)
         except ValueError as exc:
             raise Refused(str(exc)) from None
+        if not self.enabled:
+            raise Off("analytics are off in this gateway (the setting analytics = false)")
         key = cache_key(name, raw)
         cached = self._cache.get(key)
         if cached is not None and cached[0] > time.monotonic():

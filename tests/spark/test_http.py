@@ -227,3 +227,22 @@ async def test_http_cli_and_dashboard(
     assert "took longer than 0.001 s" in text
     assert headers["Retry-After"] == "5"
     assert gw.app[ANALYTICS].worker.running is False
+
+
+async def test_analytics_off_is_503_and_starts_no_worker(make_gateway: MakeGateway) -> None:
+    """With ``analytics = false`` a checked query is 503 (Retry-After, text/plain), a bad
+    one still 400, the index still answers, and no Spark worker is ever started."""
+    configured, secrets = await clients(analyst="restms:analytics")
+    gw = await make_gateway(clients=configured, analytics=False, mirror=False)
+    analyst = await token(gw, "analyst", secrets["analyst"])
+    status, text, headers = await ask(gw, "/analytics/throughput", analyst, since="1h")
+    assert status == 503
+    assert "analytics are off" in text
+    assert headers["Content-Type"].startswith("text/plain")
+    assert headers["Retry-After"] == "5"
+    status, text, _ = await ask(gw, "/analytics/throughput", analyst, since="yesterday")
+    assert status == 400
+    status, index, _ = await ask(gw, "/analytics", analyst)
+    assert status == 200
+    assert index["cache"]["worker_starts"] == 0
+    assert gw.app[ANALYTICS].worker.starts == 0
