@@ -424,6 +424,9 @@ def test_containerfile_installs_the_lock_file_runs_unprivileged_checks_healthz()
     assert not any("openjdk" in line for line in found["build"] + runtime + found["gateway"])
     assert any("openjdk-17-jre-headless" in line for line in found["analytics"])
     assert [line for line in found["analytics"] if line.startswith("USER ")][-1] == "USER restms"
+    # The image without Java never tries to start Spark.
+    assert "ENV RESTMS_ANALYTICS=false" in found["gateway"]
+    assert not any("RESTMS_ANALYTICS=" in line for line in runtime + found["analytics"])
 
 
 def test_containerfile_healthcheck_command_asks_healthz(tmp_path: Path) -> None:
