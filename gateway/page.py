@@ -21,6 +21,13 @@ The same module serves the analytics dashboard at ``/dashboard``
 charts from ``GET /analytics/...`` with the token the user pastes (shared with the
 live page through ``sessionStorage``); only the data behind it needs a scope.
 
+The same module serves the API's description (docs/API.md): ``/openapi.json``, the
+OpenAPI file ``openapi/openapi.yaml`` converted to JSON once, in a thread, on the
+first request for it (:class:`Description`; parsing 2,500 lines of YAML costs a
+noticeable fraction of a second that a gateway nobody asks should not pay at start),
+then served from memory; and the page at ``/api`` (``api.html``, ``api.js``,
+``api.css``) whose script lists every operation from that JSON.
+
 The page itself needs no credentials (its paths are in
 :data:`gateway.authn.PUBLIC`): a user on another machine must be able to load it
 to paste a token into it. Every page response carries a strict
@@ -38,13 +45,19 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+import yaml
 from aiohttp import web
 
 from restms.httpdates import etag_list
 
 STATIC = Path(__file__).resolve().parent / "static"
+SPEC = Path(__file__).resolve().parents[1] / "openapi" / "openapi.yaml"
 INDEX = "/"
 DASHBOARD = "/dashboard"
+API_PAGE = "/api"
+API_SPEC = "/openapi.json"
+SPEC_NAME = "openapi.json"  # not a file in STATIC: made from SPEC when the page loads
 STATIC_PREFIX = "/static/"
 
 # File name -> Content-Type. Only these files are served; the page links each one.
@@ -56,11 +69,16 @@ FILES: Mapping[str, str] = {
     "dashboard.html": "text/html; charset=utf-8",
     "dashboard.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
+    "api.html": "text/html; charset=utf-8",
+    "api.js": "text/javascript; charset=utf-8",
+    "api.css": "text/css; charset=utf-8",
 }
 # Path -> file name: the routes (all public, see gateway.authn.PUBLIC).
 ROUTES: Mapping[str, str] = {
     INDEX: "index.html",
     DASHBOARD: "dashboard.html",
+    API_PAGE: "api.html",
+    API_SPEC: SPEC_NAME,
     **{STATIC_PREFIX + name: name for name in FILES if not name.endswith(".html")},
 }
 PATHS = frozenset(ROUTES)
@@ -122,7 +140,34 @@ class Page:
         )
 
 
+def spec_json(path: Path) -> bytes:
+    """The OpenAPI file as JSON (blocking). YAML is the source: it is the one people edit."""
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's is ten times faster
+    document = yaml.load(path.read_text(encoding="utf-8"), Loader=loader)  # noqa: S506 (safe)
+    if not isinstance(document, dict) or "openapi" not in document:
+        raise ValueError(f"{path} is not an OpenAPI document")
+    return orjson.dumps(document)
+
+
+class Description:
+    """``/openapi.json``: converted once, on first use, in a thread; then from memory."""
+
+    def __init__(self, path: Path = SPEC) -> None:
+        self.path = path
+        self._asset: Asset | None = None
+        self._lock = asyncio.Lock()  # concurrent first requests share one conversion
+
+    async def asset(self) -> Asset:
+        if self._asset is None:
+            async with self._lock:
+                if self._asset is None:
+                    body = await asyncio.to_thread(spec_json, self.path)
+                    self._asset = Asset.of(body, "application/json")
+        return self._asset
+
+
 PAGE = web.AppKey("page", Page)
+DESCRIPTION = web.AppKey("description", Description)
 
 
 async def page_context(app: web.Application) -> AsyncIterator[None]:
@@ -134,12 +179,17 @@ async def page_context(app: web.Application) -> AsyncIterator[None]:
 def add_routes(app: web.Application) -> None:
     for path in ROUTES:
         app.router.add_get(path, serve)
+    app[DESCRIPTION] = Description()
     app.cleanup_ctx.append(page_context)
 
 
 async def serve(request: web.Request) -> web.Response:
     """A page file from memory; ``304`` when the client's copy is current."""
-    file = request.app[PAGE].files[ROUTES[request.path]]
+    name = ROUTES[request.path]
+    if name == SPEC_NAME:
+        file = await request.app[DESCRIPTION].asset()
+    else:
+        file = request.app[PAGE].files[name]
     headers = {**HEADERS, "ETag": file.etag}
     tags = etag_list(request.headers.get("If-None-Match"))
     if "*" in tags or file.etag in tags:

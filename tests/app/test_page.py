@@ -11,6 +11,9 @@ Decided behaviour under test:
 * Other methods get ``405`` with ``Allow``; other files under ``/static/`` do not
   exist.
 * The page has no inline script or style, and loads nothing from elsewhere.
+* ``/openapi.json`` is ``openapi/openapi.yaml`` as JSON, with the page's validator and
+  no credentials; the API page at ``/api`` obeys the same rules as the live page and
+  writes no HTML from the description.
 """
 
 from __future__ import annotations
@@ -19,10 +22,11 @@ import asyncio
 import re
 from pathlib import Path
 
+import orjson
 import pytest
 import yaml
 
-from gateway.page import CONTENT_SECURITY_POLICY
+from gateway.page import CONTENT_SECURITY_POLICY, Description
 from tests.conftest import Gateway, MakeGateway
 
 pytestmark = pytest.mark.app
@@ -34,7 +38,11 @@ FILES = {
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
     "/static/style.css": ("style.css", "text/css; charset=utf-8"),
     "/static/icon.svg": ("icon.svg", "image/svg+xml"),
+    "/api": ("api.html", "text/html; charset=utf-8"),
+    "/static/api.js": ("api.js", "text/javascript; charset=utf-8"),
+    "/static/api.css": ("api.css", "text/css; charset=utf-8"),
 }
+SPEC = ROOT / "openapi" / "openapi.yaml"
 
 
 @pytest.mark.parametrize("path", list(FILES))
@@ -75,22 +83,32 @@ def test_the_policy_allows_this_origin_only() -> None:
     assert described == CONTENT_SECURITY_POLICY
 
 
-def test_the_page_has_no_inline_code_and_nothing_from_elsewhere() -> None:
-    html = (STATIC / "index.html").read_text(encoding="utf-8")
-    assert re.findall(r"<script\b[^>]*>", html) == ['<script type="module" src="/static/app.js">']
+@pytest.mark.parametrize(
+    ("page", "script", "links"),
+    [
+        ("index.html", "app.js", ()),
+        ("api.html", "api.js", ("/openapi.json", "/static/api.css")),
+    ],
+)
+def test_the_page_has_no_inline_code_and_nothing_from_elsewhere(
+    page: str, script: str, links: tuple[str, ...]
+) -> None:
+    html = (STATIC / page).read_text(encoding="utf-8")
+    module = f'<script type="module" src="/static/{script}">'
+    assert re.findall(r"<script\b[^>]*>", html) == [module]
     assert "<style" not in html
     assert not re.search(r"\son[a-z]+=|\sstyle=|javascript:", html)
     references = re.findall(r'(?:src|href)="([^"#]+)"', html)
-    assert sorted(set(references)) == ["/static/app.js", "/static/icon.svg", "/static/style.css"]
-    script = (STATIC / "app.js").read_text(encoding="utf-8")
-    assert "innerHTML" not in script
-    assert "insertAdjacentHTML" not in script
-    assert "eval(" not in script
+    own = ["/static/icon.svg", "/static/style.css", f"/static/{script}", *links]
+    assert sorted(set(references)) == sorted(own)
+    code = (STATIC / script).read_text(encoding="utf-8")
+    for unsafe in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
+        assert unsafe not in code, unsafe
 
 
 async def test_the_page_needs_no_credentials_but_the_api_does(make_gateway: MakeGateway) -> None:
     gw = await make_gateway(anonymous=False)
-    for path in FILES:
+    for path in [*FILES, "/openapi.json"]:
         async with gw.http.get(path) as r:
             assert r.status == 200, path
     async with gw.http.get("/restms/domain/default") as r:
@@ -109,3 +127,32 @@ async def test_other_methods_and_files_are_refused_as_text(gw: Gateway) -> None:
         async with gw.http.get(path) as r:
             assert r.status == 404, path
             assert r.content_type == "text/plain"
+
+
+async def test_the_description_is_served_as_json(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(anonymous=False)
+    expected = yaml.safe_load(await asyncio.to_thread(SPEC.read_text, encoding="utf-8"))
+    async with gw.http.get("/openapi.json") as r:
+        assert r.status == 200
+        assert r.headers["Content-Type"] == "application/json"
+        assert r.headers["Cache-Control"] == "no-cache"
+        assert orjson.loads(await r.read()) == expected
+        tag = r.headers["ETag"]
+    assert expected["openapi"].startswith("3.1.")
+    async with gw.http.get("/openapi.json", headers={"If-None-Match": tag}) as r:
+        assert r.status == 304
+    async with gw.http.head("/openapi.json") as r:
+        assert r.status == 200
+
+
+async def test_the_description_is_read_once(tmp_path: Path) -> None:
+    spec = tmp_path / "openapi.yaml"
+    spec.write_text("openapi: 3.1.0\ninfo: {title: t, version: '1'}\npaths: {}\n")
+    description = Description(spec)
+    first, second = await asyncio.gather(description.asset(), description.asset())
+    assert first is second
+    assert orjson.loads(first.body)["openapi"] == "3.1.0"
+    spec.write_text("- not read again\n")
+    assert await description.asset() is first
+    with pytest.raises(ValueError, match="not an OpenAPI document"):
+        await Description(spec).asset()
