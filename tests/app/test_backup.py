@@ -17,13 +17,13 @@ import asyncio
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from feeds.store import FILE_NAME
 from tests.app.jsonapi import DOMAIN, HJ, body, new_pipe
 from tests.app.oauth import clients, token
+from tests.app.test_shutdown import persistent
 from tests.app.test_streams import held
 from tests.conftest import MakeGateway
 
@@ -44,15 +44,6 @@ def backup(data_dir: Path, target: Path) -> None:
         copy.close()
         source.close()
     shutil.copytree(data_dir / "oauth", target / "oauth")
-
-
-def persistent(pipe: dict[str, Any], mid: str) -> dict[str, Any]:
-    return {
-        "address": pipe["name"],
-        "message_id": mid,
-        "delivery_mode": "2",
-        "content": [{"type": "text/plain", "value": mid}],
-    }
 
 
 async def test_an_online_backup_restores_what_was_committed_before_it(
