@@ -110,6 +110,10 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
             self.health.state.move("stopped")
         self._arrivals.clear()
 
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
     def backlog(self) -> int:
         if self.config.direction == "out":
             return self._pipe_backlog()
@@ -174,11 +178,11 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
             self.counters.connects += 1
         if state == "retrying" and health.state.name == "up":
             self.counters.disconnects += 1
-        health.state.move(state)
         if url:
             health.url = url
-        if error:
+        if error:  # before the move, so a "down" event carries it
             health.error(error)
+        health.state.move(state)
 
     def _restart(self) -> None:
         """The proton thread died of a bug: start a fresh one (what was in flight is

@@ -17,6 +17,10 @@ Link states (one table, STYLE 2)::
 
 ``retrying`` waits a capped exponential backoff with jitter, then tries the next
 URL in the bridge's list (failover).
+
+Each move and each error is also told to whoever watches (:attr:`LinkState.watch`,
+:attr:`Health.watch_error`): the bridge turns them into ``bridge.<kind>.up``,
+``.down`` and ``.error`` events on the system feed (docs/EVENTS.md).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,11 +49,12 @@ STATES = tuple(TRANSITIONS)
 class LinkState:
     """The current state of a bridge's link, moved only along :data:`TRANSITIONS`."""
 
-    __slots__ = ("changed", "name")
+    __slots__ = ("changed", "name", "watch")
 
     def __init__(self) -> None:
         self.name = "stopped"
         self.changed = time.time()
+        self.watch: Callable[[str, str], None] | None = None  # told (old, new) on each move
 
     def move(self, new: str) -> bool:
         """Move to ``new``; False (and no change) when it is the current state. An
@@ -57,8 +63,10 @@ class LinkState:
             return False
         if new not in TRANSITIONS[self.name]:
             raise RuntimeError(f"bridge link cannot go from {self.name} to {new}")
-        self.name = new
+        old, self.name = self.name, new
         self.changed = time.time()
+        if self.watch is not None:
+            self.watch(old, new)
         return True
 
 
@@ -125,10 +133,13 @@ class Health:
     last_error: str = ""
     last_error_at: float = 0.0
     counters: CoreCounters = field(default_factory=Counters)
+    watch_error: Callable[[str], None] | None = None  # told each error's text
 
     def error(self, text: str) -> None:
         self.last_error = text
         self.last_error_at = time.time()
+        if self.watch_error is not None:
+            self.watch_error(text)
 
     def document(self) -> dict[str, Any]:
         return {

@@ -66,6 +66,9 @@ class BridgeCore:
         self._port = port
         self._configured = configured
         self.health = Health(counters=counters)
+        self.health.state.watch = self._link_moved
+        self.health.watch_error = self._link_error
+        self._reported = ""  # the last link event told: "", "up" or "down"
         self._stopping = False
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -77,6 +80,36 @@ class BridgeCore:
     @property
     def configured(self) -> bool:
         return self._configured
+
+    @property
+    def kind(self) -> str:
+        """``amqp`` or ``zeromq``: the middle word of this bridge's event addresses."""
+        raise NotImplementedError
+
+    def _link_moved(self, old: str, new: str) -> None:
+        """``bridge.<kind>.up`` when the link comes up; ``.down`` when it starts
+        retrying, once until it is up again (a link that never came up is down too)."""
+        events = self._port.engine.events
+        if events is None:
+            return
+        health = self.health
+        if new == "up" and self._reported != "up":
+            self._reported = "up"
+            events.bridge(self.kind, self._name, "up", {"state": new, "url": health.url})
+        elif new == "retrying" and self._reported != "down":
+            self._reported = "down"
+            details = {"state": new, "was": old, "url": health.url, "error": health.last_error}
+            events.bridge(self.kind, self._name, "down", details)
+        elif new == "stopped":
+            self._reported = ""
+
+    def _link_error(self, text: str) -> None:
+        """``bridge.<kind>.error``, coalesced per bridge (the text is the status's
+        ``last_error``: URLs in it are redacted)."""
+        events = self._port.engine.events
+        if events is not None:
+            details = {"state": self.health.state.name, "error": text}
+            events.bridge(self.kind, self._name, "error", details)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake up at once when the bridge stops."""

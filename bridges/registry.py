@@ -135,6 +135,9 @@ class Registry:
             engine = self._port.engine
             if config.feed not in engine.public_feeds:
                 raise BadRequest(f"no feed named {config.feed!r} to bridge")
+            events = engine.events
+            if events is not None and config.direction == "in" and config.feed == events.name:
+                raise Forbidden(f"feed {config.feed!r} is the system feed: only bridges out of it")
             limits = engine.config
             if config.max_messages > limits.max_pipe_messages:
                 raise BadRequest(f"max_messages may be at most {limits.max_pipe_messages}")

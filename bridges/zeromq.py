@@ -174,6 +174,10 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
                 self.health.state.move("stopping")
             self.health.state.move("stopped")
 
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
     def backlog(self) -> int:
         return self._pipe_backlog() if self.config.direction == "out" else 0
 

@@ -22,6 +22,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeOptions, PipeSpec, Update
 from restms.uris import split_path
 
 from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
+from .events import Events
 from .mirroring import Sink, emit_pipe
 from .model import (
     Blob,
@@ -85,6 +86,11 @@ class Core(Placement):
             configured.append(
                 FeedConfig(name=dead_letter, type="rotator", title="Dead letters", domain=first)
             )
+        if self.config.system_feed:  # management events (feeds.events), the gateway's
+            title = "System events"
+            configured.append(
+                FeedConfig(name=self.config.system_feed, type="topic", title=title, domain=first)
+            )
         for feed in configured:
             self._configure(feed)
         self.default_feed = self.public_feeds[DEFAULT_FEED]
@@ -102,6 +108,8 @@ class Core(Placement):
         self.on_hook: Callable[[Pipe], None] | None = None
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
+        # The system feed's publisher (feeds.events), or None: management events are off.
+        self.events: Events | None = None
         self._hooks_moved: set[Pipe] = set()
 
     def mirrored(
@@ -247,6 +255,16 @@ class Core(Placement):
             return []
         return [p for p in self._private.values() if isinstance(p, Pipe) and p.owner == owner]
 
+    def private_resources(self) -> list[Feed | Pipe | Join | StagedContent]:
+        """Every private feed, pipe, join and staged content (a scan: for the admin
+        resource, never the hot path)."""
+        return list(self._private.values())
+
+    def peek(self, key: str) -> Feed | Pipe | Join | StagedContent | None:
+        """The private resource named ``key``, or None; unlike :meth:`resolve`, an
+        admin's look does not count as use, so an idle pipe stays idle (Q1)."""
+        return self._private.get(key)
+
     def owned_joins(self, owner: str) -> int:
         """How many joins ``owner``'s pipes have, default joins included."""
         return self._joins_of[owner]
@@ -267,6 +285,8 @@ class Core(Placement):
             if existing is not None:
                 return existing, False
         feed = self._new_feed(domain, spec, owner, configured=False)
+        if self.events is not None:
+            self.events.feed_event("created", feed)
         return feed, True
 
     def _new_feed(self, domain: Domain, spec: FeedSpec, owner: str, configured: bool) -> Feed:
@@ -330,17 +350,19 @@ class Core(Placement):
         """R5, Q29: joins and staged contents go; messages already in pipes stay."""
         if feed.configured:
             raise Forbidden("configured feeds cannot be deleted")
-        self._drop_feed(feed)
+        self._drop_feed(feed, "deleted")
 
-    def _drop_feed(self, feed: Feed) -> None:
+    def _drop_feed(self, feed: Feed, reason: str) -> None:
         if feed.deleted:
             return
         now = self._wall()
         feed.deleted = True
+        if self.events is not None:
+            self.events.feed_event("deleted", feed, reason)
         if self.journal is not None and not feed.configured:
             self.journal.append(("feed-", feed.key))
         for join in list(feed.joins.values()):
-            self._unlink(join, now, cascade=False)
+            self._unlink(join, now, cascade=False, reason="feed-deleted")
         for staged in list(feed.staged.values()):
             self.delete_staged(staged)
         self.counters.discarded += len(feed.queue)
@@ -369,6 +391,8 @@ class Core(Placement):
         if pipe.hook is not None:
             self.hooks[key] = pipe
             self._hook_news(pipe)
+        if self.events is not None:
+            self.events.pipe_event("created", pipe)
         return pipe
 
     def _settings(self, options: PipeOptions, *, check: bool = True) -> PipeSettings:
@@ -436,8 +460,9 @@ class Core(Placement):
                 )
             )
 
-    def delete_pipe(self, pipe: Pipe) -> None:
-        """R5: joins, messages and contents go; waiting GETs get 404 (A6)."""
+    def delete_pipe(self, pipe: Pipe, reason: str = "deleted") -> None:
+        """R5: joins, messages and contents go; waiting GETs get 404 (A6). ``reason``
+        is what the ``pipe.deleted`` event says (an idle pipe is "idle")."""
         if pipe.deleted:
             return
         now = self._wall()
@@ -461,12 +486,14 @@ class Core(Placement):
         pipe.messages.clear()
         pipe.bytes = pipe.spilled = pipe.spilled_bytes = 0
         for join in list(pipe.joins.values()):
-            self._unlink(join, now, cascade=True)
+            self._unlink(join, now, cascade=True, reason="pipe-deleted")
         for feed in requeued:
             self._drain(feed)
         pipe.wake()
         if self.hooks.pop(pipe.key, None) is not None:
             self._hook_news(pipe)
+        if self.events is not None:
+            self.events.pipe_event("deleted", pipe, reason)
 
     # ------------------------------------------------------------ joins
     def create_join(self, pipe: Pipe, spec: JoinSpec) -> tuple[Join, bool]:
@@ -485,6 +512,8 @@ class Core(Placement):
             if join.feed is feed and (feed.key, *join.spec.identity[1:]) == identity:
                 return join, False
         join = self._link(pipe, feed, spec, False, self._wall())
+        if self.events is not None:
+            self.events.join_event("created", join)
         if feed.type in QUEUEING_TYPES:
             self._drain(feed)
         return join, True
@@ -521,9 +550,9 @@ class Core(Placement):
         """F16: the default join cannot go; a service feed may go with its last join (F8)."""
         if join.is_default:
             raise Forbidden("a pipe's default join cannot be deleted")
-        self._unlink(join, self._wall(), cascade=True)
+        self._unlink(join, self._wall(), cascade=True, reason="deleted")
 
-    def _unlink(self, join: Join, now: float, *, cascade: bool) -> None:
+    def _unlink(self, join: Join, now: float, *, cascade: bool, reason: str) -> None:
         if join.deleted:
             return
         join.deleted = True
@@ -542,6 +571,8 @@ class Core(Placement):
         self._release(self._joins_of, pipe.owner)
         pipe.touch(now)
         join.wake()
+        if self.events is not None:  # once gone, so the event does not reach its own pipe
+            self.events.join_event("deleted", join, reason)
         if (
             cascade
             and feed.type == "service"
@@ -549,7 +580,7 @@ class Core(Placement):
             and not feed.deleted
             and not feed.configured
         ):
-            self._drop_feed(feed)
+            self._drop_feed(feed, "last-join")
 
     # ------------------------------------------------------------ contents
     def stage(self, feed: Feed, data: bytes, content_type: str, owner: str) -> StagedContent:

@@ -152,6 +152,8 @@ class Delivery(Core):
             held, held_bytes = len(pipe.messages) + pipe.spilled, pipe.bytes + pipe.spilled_bytes
             if held + count > pipe.max_messages or held_bytes + size > pipe.max_bytes:
                 self.counters.rejected_full += 1
+                if self.events is not None:
+                    self.events.pipe_full(pipe, feed, size)
                 if self.mirror is not None:
                     emit_publish(self.mirror, self._wall(), feed, messages, None, None)
                 raise ServiceUnavailable(
@@ -270,10 +272,14 @@ class Delivery(Core):
         """A full pipe (Q2): room made by dropping its oldest messages ("drop-oldest"),
         or False when it skips the message (counted and mirrored)."""
         if pipe.overflow == "drop-oldest" and self._make_room(pipe, size):
+            if self.events is not None:
+                self.events.pipe_full(pipe, feed, size)
             return True
         self.counters.skipped_full += 1
         if self.mirror is not None:
             emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
+        if self.events is not None:
+            self.events.pipe_full(pipe, feed, size)
         return False
 
     def _make_room(self, pipe: Pipe, size: int) -> bool:

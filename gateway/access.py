@@ -12,6 +12,10 @@ Three questions, in this order, for every resource a request names:
    with an ``insufficient_scope`` challenge naming the scope to ask for.
 3. **Is it yours to change?** A public feed may be changed or deleted only by its
    creator or an admin for it (403 for anyone else, Q7).
+
+The system feed (management events, docs/EVENTS.md) is the gateway's: anyone may read
+it and join it with ``read`` on it (and ``subscribe`` for the pipe), nobody may
+publish to it, stage content on it, change it or delete it (403, admins included).
 """
 
 from __future__ import annotations
@@ -29,6 +33,17 @@ from .keys import CONFIG, ENGINE
 
 HIDDEN = "no such resource"
 READS = frozenset(("GET", "HEAD"))
+SYSTEM_ONLY = (
+    "feed {name!r} is the gateway's system feed: its events are published by the "
+    "gateway alone; join it to read them (docs/EVENTS.md)"
+)
+
+
+def _not_system(engine: Engine, feed: Feed) -> None:
+    """403 for any change to the system feed (a publish, a staged content, PUT, DELETE)."""
+    events = engine.events
+    if events is not None and feed is events.feed:
+        raise Forbidden(SYSTEM_ONLY.format(name=feed.key))
 
 
 def _need(principal: Principal, action: str, domain: str, feed: str | None) -> None:
@@ -98,7 +113,9 @@ def check(request: web.Request, target: object) -> None:
         domain = target.domain.name
         if method in READS:
             _need(principal, "read", domain, target.name)
-        elif method == "POST":  # as may_publish, with the principal in hand
+            return
+        _not_system(request.app[ENGINE], target)
+        if method == "POST":  # as may_publish, with the principal in hand
             _need(principal, "publish", domain, target.name)
         elif method in ("PUT", "DELETE"):
             _need(principal, "publish", domain, target.name)
@@ -115,7 +132,8 @@ def check(request: web.Request, target: object) -> None:
 
 def may_publish(request: web.Request, feed: Feed) -> None:
     """Publishing to a visible feed (a POST, or a WebSocket publish frame) needs
-    ``publish`` on it."""
+    ``publish`` on it; never to the system feed."""
+    _not_system(request.app[ENGINE], feed)
     _need(request[PRINCIPAL], "publish", feed.domain.name, feed.name)
 
 
@@ -137,13 +155,16 @@ def may_create(request: web.Request, domain: Domain, spec: specs.FeedSpec | spec
 
 
 def may_join(request: web.Request, pipe: Pipe, path: str) -> None:
-    """A join needs the feed to be visible and ``subscribe`` on it, within the join cap."""
+    """A join needs the feed to be visible and ``subscribe`` on it (``read`` on the
+    system feed, whose events are read, not subscribed to), within the join cap."""
     principal = request[PRINCIPAL]
-    feed = request.app[ENGINE].feed_at(path)  # 400 when there is none (G14)
+    engine = request.app[ENGINE]
+    feed = engine.feed_at(path)  # 400 when there is none (G14)
     if hidden(request, feed):
         raise BadRequest(f"join names no existing feed: {path}")  # as if there were none
-    domain = feed.domain.name if feed is not request.app[ENGINE].default_feed else pipe.domain.name
-    _need(principal, "subscribe", domain, feed.name)
+    domain = feed.domain.name if feed is not engine.default_feed else pipe.domain.name
+    events = engine.events
+    _need(principal, "read" if events and feed is events.feed else "subscribe", domain, feed.name)
     cap = request.app[CONFIG].max_joins_per_principal
     if request.app[ENGINE].owned_joins(principal.name) >= cap:
         raise Forbidden(f"join quota reached: {cap} joins per principal; delete one first")

@@ -42,7 +42,7 @@ from restms.errors import TooManyRequests, Unauthorized
 
 from . import oauth, page
 from .config import Config
-from .keys import CONFIG
+from .keys import CONFIG, ENGINE
 
 log = logging.getLogger(__name__)
 
@@ -205,12 +205,26 @@ async def authenticate(request: web.Request, authenticator: Authenticator) -> No
     header = headers.get("Authorization")
     if header is None and "Upgrade" in headers:
         header = socket_bearer(headers)
-    if header is None:
-        principal = authenticator.anonymous(request.remote, forwarded)
-    else:
-        principal = await authenticator.principal(header, request.remote, forwarded)
+    try:
+        if header is None:
+            principal = authenticator.anonymous(request.remote, forwarded)
+        else:
+            principal = await authenticator.principal(header, request.remote, forwarded)
+    except Unauthorized as exc:
+        _failed(request, header, exc)
+        raise
     authenticator.take(principal)
     request[PRINCIPAL] = principal
+
+
+def _failed(request: web.Request, header: str | None, exc: Unauthorized) -> None:
+    """An ``auth.failed`` event (docs/EVENTS.md), coalesced per scheme: the scheme, the
+    peer address and the reason, never the credentials."""
+    events = request.app[ENGINE].events
+    if events is not None:
+        scheme = header.strip().partition(" ")[0].lower() if header is not None else "none"
+        shown = scheme if scheme in ("bearer", "basic", "none") else "other"
+        events.auth_failed(shown, request.remote, exc.reason)
 
 
 SOCKET_BEARER = "restms.bearer."  # subprotocol prefix carrying a token (docs/BROWSER.md)

@@ -101,6 +101,8 @@ class Config:
     lease: float = 300.0  # seconds a fetched message may go unacknowledged (0: forever)
     max_deliveries: int = 5  # fetches before a message goes to the dead-letter feed
     dead_letter_feed: str = "dead-letter"  # "": dead letters are discarded
+    system_feed: str = "restms.system"  # management events (docs/EVENTS.md); "": none
+    events_interval: float = 10.0  # seconds: repeated events about one object coalesce
     pipe_idle_timeout: float = 600.0  # seconds before an untouched pipe is collected (0: never)
     dedup_window: float = 600.0  # seconds a feed remembers message_ids (0: no deduplication)
     dedup_max: int = 10_000  # message_ids a feed remembers at most
@@ -317,6 +319,8 @@ class Config:
             lease=self.lease,
             max_deliveries=self.max_deliveries,
             dead_letter_feed=self.dead_letter_feed,
+            system_feed=self.system_feed,
+            events_interval=self.events_interval,
             pipe_idle_timeout=self.pipe_idle_timeout,
             dedup_window=self.dedup_window,
             dedup_max=self.dedup_max,

@@ -370,7 +370,12 @@ async def test_G13_F14_domain_lists_public_feeds_but_no_private_feeds_or_pipes(
     domain = (await call(gw, "GET", DOMAIN)).top()
     assert {local(c) for c in domain} <= {"profile", "feed"}
     feeds = children(domain, "feed")
-    assert sorted(f.get("name") for f in feeds) == ["dead-letter", "default", "listed"]
+    assert sorted(f.get("name") for f in feeds) == [
+        "dead-letter",
+        "default",
+        "listed",
+        "restms.system",
+    ]
     for feed in feeds:
         assert feed.get("href") == gw.uri(f"/restms/feed/{feed.get('name')}")
     listed = next(f for f in feeds if f.get("name") == "listed")
