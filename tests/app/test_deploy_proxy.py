@@ -13,6 +13,8 @@ foreground (scripts/services installs it). Decided behaviour under test:
   site turns buffering off there, and the gateway's ``X-Accel-Buffering: no`` does
   too), and a WebSocket on a pipe is upgraded through it.
 * A body over ``max_body`` is refused by nginx with 413, as the gateway would.
+* The Containerfile's HEALTHCHECK command passes against a running gateway (plain
+  and TLS) and fails where nothing listens.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import shutil
 import signal
 import socket
 import ssl
+import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,3 +277,36 @@ async def test_a_body_over_max_body_is_refused_by_the_proxy(setup: Setup) -> Non
     ) as r:
         assert r.status == 413
         assert r.headers.get("Server", "").startswith("nginx")
+
+
+def healthcheck_script() -> str:
+    """The Python the Containerfile's HEALTHCHECK runs."""
+    text = (ROOT / "deploy" / "Containerfile").read_text(encoding="utf-8")
+    line = re.search(r"^\s*CMD (\[\"python\", \"-c\".*\])$", text, re.M)
+    assert line is not None
+    argv = json.loads(line.group(1))
+    return str(argv[2])
+
+
+async def test_the_container_healthcheck_passes_against_a_running_gateway(
+    make_gateway: MakeGateway, files: Files
+) -> None:
+    script = await asyncio.to_thread(healthcheck_script)
+    plain = await make_gateway()
+    tls = await make_gateway(
+        tls_cert=str(files.gateway_cert),
+        tls_key=str(files.gateway_key),
+        data_dir=str(files.directory / "tls"),
+    )
+    for url, expected in (
+        (plain.url, 0),
+        (tls.url, 0),
+        (f"http://127.0.0.1:{files.plain_port}", 1),
+    ):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", script,
+            env={"RESTMS_HEALTH_URL": f"{url}/healthz"},
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        assert await asyncio.wait_for(process.wait(), 30) == expected, url
