@@ -405,6 +405,24 @@ def test_containerfile_copies_only_what_exists_and_ignores_none_of_it() -> None:
         assert any(f"COPY {package} " in line for _, lines in stages() for line in lines)
 
 
+def test_containerfile_copies_every_file_the_code_reads_from_the_project() -> None:
+    """Files the gateway reads at run time by their place in the project (the
+    extension profile, the OpenAPI file) must be in the image too."""
+    copied = {
+        line.split()[1]
+        for _, lines in stages()
+        for line in lines
+        if line.startswith("COPY ") and "--from=" not in line
+    }
+    pattern = re.compile(r"(?:parents\[1\]|\bROOT)\s*/\s*\"([^\"]+)\"")
+    read = set()
+    for package in ("restms", "feeds", "auth", "bridges", "gateway", "spark_sink"):
+        for module in (ROOT / package).rglob("*.py"):
+            read |= set(pattern.findall(module.read_text(encoding="utf-8")))
+    assert read  # the scan finds what it looks for
+    assert read - copied == set()
+
+
 def test_containerfile_installs_the_lock_file_runs_unprivileged_checks_healthz() -> None:
     found = dict(stages())
     assert list(found) == ["build", "runtime", "analytics", "gateway"]
