@@ -48,6 +48,20 @@ class Gateway:
 MakeGateway = Callable[..., Awaitable[Gateway]]
 
 
+async def serve(config: Config) -> tuple[web.Application, GatewayRunner, str]:
+    """Build and start a gateway on 127.0.0.1 as production does; its app, runner, URL."""
+    app = build_app(config)
+    runner = make_runner(app, config)
+    await runner.setup()
+    try:
+        await start_site(runner, config, "127.0.0.1", 0)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    host, port = runner.addresses[0][:2]
+    return app, runner, f"{'https' if config.tls_cert else 'http'}://{host}:{port}"
+
+
 @pytest.fixture
 def blockbuster() -> Iterator[BlockBuster]:
     """Fail any test that makes a blocking call on the event loop (STYLE 11)."""
@@ -67,17 +81,7 @@ async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterato
 
     async def start(*, client_ssl: ssl.SSLContext | None = None, **overrides: Any) -> Gateway:
         overrides.setdefault("data_dir", str(tmp_path / "var"))
-        config = Config(port=0, **overrides)
-        app = build_app(config)
-        runner = make_runner(app, config)
-        await runner.setup()
-        try:
-            await start_site(runner, config, "127.0.0.1", 0)
-        except BaseException:
-            await runner.cleanup()
-            raise
-        host, port = runner.addresses[0][:2]
-        url = f"{'https' if config.tls_cert else 'http'}://{host}:{port}"
+        app, runner, url = await serve(Config(port=0, **overrides))
         connector = aiohttp.TCPConnector(ssl=client_ssl) if client_ssl is not None else None
         session = aiohttp.ClientSession(
             base_url=url, timeout=aiohttp.ClientTimeout(total=30), connector=connector

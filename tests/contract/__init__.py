@@ -1,0 +1,1 @@
+"""Contract tests: the OpenAPI description against a live gateway (docs/API.md)."""

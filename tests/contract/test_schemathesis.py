@@ -1,0 +1,185 @@
+"""The OpenAPI description is a contract: schemathesis against a live gateway.
+
+Decided behaviour under test (docs/API.md, "The contract test"): for every operation
+of ``GET /openapi.json``, as served by a real gateway on 127.0.0.1, requests that
+schemathesis generates from the description (valid ones and, for operations with
+something to break, invalid ones), made as an ``restms:admin`` client, as the loopback
+guest (no credentials) and with a refused bearer token, get
+
+* no 5xx answer;
+* a status the operation documents;
+* a ``Content-Type`` the operation documents for that status;
+* a body that matches the schema documented for it, and the headers it requires.
+
+The run is bounded: ``EXAMPLES`` requests per operation and mode, each request at most
+``REQUEST_TIMEOUT`` seconds, waits in the gateway capped at ``max_wait`` (so asynclets
+and streams end), no shrinking. A failure names the operation, the check, and a curl
+line to reproduce it; ``CONTRACT_SEED`` repeats a run (its seed is in the message).
+
+The gateway runs in a thread with its own event loop, built as the app tests build
+theirs (``build_app``, ``make_runner``, ``start_site``), under blockbuster: the
+generated requests come from this thread with ``requests`` (schemathesis' transport),
+and a blocking call on the gateway's loop fails the test. Analytics are off
+(``analytics = false``: no Spark worker; ``/analytics/{query}`` is then a documented
+503). Generated URLs (webhook callbacks, bridge brokers) are pointed at 127.0.0.1 before
+they are sent, so nothing leaves this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import os
+import random
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+import schemathesis
+from blockbuster import blockbuster_ctx
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+from schemathesis import GenerationMode
+from schemathesis import checks as known_checks
+
+from auth.clients import Client, hash_secret
+from gateway.config import Config
+from tests.conftest import serve
+
+pytestmark = [pytest.mark.contract, pytest.mark.timeout(300)]
+
+EXAMPLES = 10  # generated requests per operation and generation mode
+REQUEST_TIMEOUT = 10.0  # seconds a request may take (waits end after max_wait)
+BUDGET = 150.0  # seconds the whole run may take; the test fails beyond it
+CHECK_NAMES = (
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_headers_conformance",
+    "response_schema_conformance",
+)
+ADMIN = "restms:admin"
+SECRET = "contract-secret"
+# What a live gateway under test is configured with: waits and streams end quickly,
+# every request is answered (no rate limit), no Spark and no lake.
+SETTINGS: dict[str, Any] = {
+    "max_wait": 1.0,
+    "stream_max": 1.0,
+    "heartbeat": 0.5,
+    "rate_limit": 0.0,
+    "analytics": False,
+    "mirror": False,
+    "store_sync": "normal",
+    "webhook_timeout": 1.0,
+    "webhook_max_attempts": 1,
+}
+# The only 5xx answers allowed, by path template: analytics without a Spark worker.
+SERVER_ERRORS_ALLOWED = {"/analytics/{query}": {503}}
+URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*:)?//[^/?#\s]*")
+
+
+@contextlib.contextmanager
+def live_gateway(data_dir: Path, clients: tuple[Client, ...]) -> Iterator[str]:
+    """A gateway on 127.0.0.1 in a thread of its own (its own loop); yields its URL."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="contract-gateway", daemon=True)
+    thread.start()
+
+    config = Config(port=0, data_dir=str(data_dir), clients=clients, **SETTINGS)
+    try:
+        _, runner, url = asyncio.run_coroutine_threadsafe(serve(config), loop).result(60)
+        try:
+            yield url
+        finally:
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(60)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+def admin_token(url: str) -> str:
+    basic = base64.b64encode(f"admin:{SECRET}".encode()).decode()
+    reply = requests.post(
+        url + "/oauth/token",
+        data={"grant_type": "client_credentials"},
+        headers={"Authorization": f"Basic {basic}"},
+        timeout=REQUEST_TIMEOUT,
+    )
+    assert reply.status_code == 200, reply.text
+    return str(reply.json()["access_token"])
+
+
+def local(value: Any) -> Any:
+    """The value with every URL's authority turned into 127.0.0.1:9 (nothing listens)."""
+    if isinstance(value, str):
+        return URL.sub(lambda m: f"{m.group(1) or ''}//127.0.0.1:9", value)
+    if isinstance(value, dict):
+        return {k: local(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [local(v) for v in value]
+    return value
+
+
+def test_every_operation_answers_as_described(tmp_path: Path) -> None:
+    run_seed = int(os.environ.get("CONTRACT_SEED") or random.randrange(2**32))
+    secret_hash = hash_secret(SECRET)
+    clients = (Client(client_id="admin", secret_hash=secret_hash, scopes=(ADMIN,)),)
+    checks = [getattr(known_checks, name) for name in CHECK_NAMES]
+    failures: list[str] = []
+    started = time.monotonic()
+    with blockbuster_ctx(), live_gateway(tmp_path / "var", clients) as url:
+        callers = {
+            "admin": {"Authorization": f"Bearer {admin_token(url)}"},
+            "guest": {},
+            "refused": {"Authorization": "Bearer not-a-token"},
+        }
+        schema = schemathesis.openapi.from_url(url + "/openapi.json")
+        assert schema.raw_schema["openapi"].startswith("3.1.")
+        session = requests.Session()
+        operations = [result.ok() for result in schema.get_all_operations()]
+        assert len(operations) >= 40, len(operations)
+        for operation in operations:
+            strategies = [operation.as_strategy(GenerationMode.POSITIVE)]
+            with contextlib.suppress(Exception):  # nothing to break: no negative cases
+                strategies.append(operation.as_strategy(GenerationMode.NEGATIVE))
+
+            @seed(run_seed)
+            @settings(
+                max_examples=EXAMPLES * len(strategies),
+                deadline=None,  # each request is bounded by REQUEST_TIMEOUT instead
+                database=None,
+                phases=[Phase.explicit, Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
+            @given(case=st.one_of(strategies), caller=st.sampled_from(sorted(callers)))
+            def exercise(case: Any, caller: str) -> None:
+                case.body = local(case.body)
+                case.query = local(case.query)
+                response = case.call(
+                    base_url=url,
+                    session=session,
+                    headers=callers[caller],
+                    timeout=REQUEST_TIMEOUT,
+                    allow_redirects=False,
+                )
+                allowed = SERVER_ERRORS_ALLOWED.get(case.operation.path, set())
+                assert response.status_code < 500 or response.status_code in allowed, (
+                    f"{response.status_code} {response.text[:300]!r}\n{case.as_curl_command()}"
+                )
+                case.validate_response(response, checks=checks, headers=callers[caller])
+
+            try:
+                exercise()
+            except (Exception, BaseExceptionGroup) as exc:  # every operation is tried
+                failures.append(f"{operation.label}: {exc}")
+            assert time.monotonic() - started < BUDGET, (
+                f"the contract run took over {BUDGET} s (at {operation.label})"
+            )
+        session.close()
+    assert not failures, f"seed {run_seed}; {len(failures)} failing:\n\n" + "\n\n".join(failures)
