@@ -7,12 +7,14 @@ A scope is ``restms:ACTION`` optionally narrowed to domains and feed names::
     restms:subscribe:domain/acme                  pipes and joins in domain acme
     restms:admin:domain/acme/feed/orders.*        any action on acme's orders.* feeds
     restms:analytics                              the analytics queries (only unqualified)
+    restms:metrics                                GET /metrics (only unqualified)
 
-``ACTION`` is one of :data:`ACTIONS`; ``admin`` implies the others. ``analytics``
-aggregates every domain and feed, so the gateway honours it only unqualified. Patterns are
-shell-style globs (``*``, ``?``, ``[...]``) matched case-sensitively; a missing part
-means "any". Scopes that do not start with ``restms:`` belong to someone else and are
-ignored, as are malformed ``restms:`` scopes (a typo grants nothing, never more).
+``ACTION`` is one of :data:`ACTIONS`; ``admin`` implies the others. ``analytics`` and
+``metrics`` aggregate every domain and feed, so the gateway honours them only
+unqualified. Patterns are shell-style globs (``*``, ``?``, ``[...]``) matched
+case-sensitively; a missing part means "any". Scopes that do not start with
+``restms:`` belong to someone else and are ignored, as are malformed ``restms:``
+scopes (a typo grants nothing, never more).
 
 Feed patterns name public feeds. A private feed has no name: only its creator reaches
 it (the gateway checks ownership first), and for it the domain part alone decides.
@@ -26,7 +28,7 @@ import fnmatch
 import functools
 from dataclasses import dataclass
 
-ACTIONS = ("read", "publish", "subscribe", "analytics", "admin")
+ACTIONS = ("read", "publish", "subscribe", "analytics", "metrics", "admin")
 PREFIX = "restms:"
 _MEMO = 4096  # answers a Grants object keeps; cleared when full
 
@@ -105,6 +107,13 @@ class Grants:
     def sees(self, domain: str) -> bool:
         """True when some scope reaches into ``domain`` (tenants: the rest are invisible)."""
         return self.allows("*", domain)
+
+    def unqualified(self, action: str) -> bool:
+        """An unqualified scope for ``action``, or an unqualified ``restms:admin``: what
+        the gateway-wide actions (analytics, metrics) need."""
+        return any(
+            s.action in (action, "admin") and s.domain == "*" and s.feed == "*" for s in self.scopes
+        )
 
     @property
     def admin(self) -> bool:

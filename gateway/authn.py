@@ -53,6 +53,9 @@ LOGINS_KEPT = 10_000
 FAILED_RATE, FAILED_BURST = 5.0, 20  # scrypt secret checks per second per peer address
 FETCH_LIMIT = 1024 * 1024  # bytes of a JWKS or introspection answer at most
 FETCH_TIMEOUT = 5.0  # seconds for a JWKS or introspection call
+# What holds a wait slot (:func:`waiting`): asynclets, evented GETs, SSE and stream-pipe
+# readers hold a principal's wait slots, WebSockets its socket slots.
+WAIT_KINDS = ("asynclet", "evented", "sse", "stream", "websocket")
 
 
 class Authenticator:
@@ -72,6 +75,7 @@ class Authenticator:
         self.failures = RateLimiter(FAILED_RATE, FAILED_BURST)
         self.waits = Slots(config.max_waits_per_principal)
         self.sockets = Slots(config.websocket_max_per_principal)  # open WebSockets
+        self.open_waits = dict.fromkeys(WAIT_KINDS, 0)  # held now, by kind (GET /metrics)
         self.verifier: Verifier | None = None  # set when the app starts (keys are read)
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
         endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
@@ -183,18 +187,24 @@ def bearer_challenge(error: str, description: str) -> str:
 
 AUTH = web.AppKey("authenticator", Authenticator)
 PRINCIPAL = web.RequestKey("principal", Principal)
-PUBLIC = frozenset(("/healthz", "/profile/x-gateway", *page.PATHS))  # the page: see page.py
+PUBLIC = frozenset(("/healthz", "/readyz", "/profile/x-gateway", *page.PATHS))  # page: page.py
+# Not authenticated here: PUBLIC, and /metrics, which decides for itself who may scrape
+# (metrics_access, gateway/metrics.py) and calls authenticate(always=True) when it must.
+UNCHECKED = PUBLIC | {"/metrics"}
 
 
-async def authenticate(request: web.Request, authenticator: Authenticator) -> None:
+async def authenticate(
+    request: web.Request, authenticator: Authenticator, *, always: bool = False
+) -> None:
     """Give the request its principal (:data:`PRINCIPAL`), or raise 401 or 429.
 
-    Paths anyone may use get none. A request without credentials is the anonymous
-    guest (or 401) at once, without awaiting anything: that is most traffic on
-    loopback, where each await would cost a coroutine.
+    Paths anyone may use get none, unless ``always`` (a handler of a public path that
+    needs a principal after all, as ``/metrics`` may). A request without credentials is
+    the anonymous guest (or 401) at once, without awaiting anything: that is most
+    traffic on loopback, where each await would cost a coroutine.
     """
     path = request.path
-    if path in PUBLIC or path.startswith(("/oauth/", "/.well-known/")):
+    if not always and (path in UNCHECKED or path.startswith(("/oauth/", "/.well-known/"))):
         if request.method == "POST":  # the token endpoint checks a secret with scrypt
             authenticator.check_rate(request.remote)
         return
@@ -354,16 +364,21 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
 
 
 @contextlib.contextmanager
-def waiting(request: web.Request, *, socket: bool = False) -> Any:
-    """Hold one of the principal's concurrent-wait slots, or with ``socket`` one of its
-    WebSocket slots (429 when it has none left)."""
+def waiting(request: web.Request, kind: str) -> Any:
+    """Hold one of the principal's concurrent-wait slots, or for a ``"websocket"`` one
+    of its WebSocket slots (429 when it has none left); counted by ``kind``
+    (:data:`WAIT_KINDS`) while held."""
     authenticator = request.app[AUTH]
+    socket = kind == "websocket"
     slots = authenticator.sockets if socket else authenticator.waits
     what = "WebSockets" if socket else "waiting requests or streams"
     name = request[PRINCIPAL].name
     if not slots.acquire(name):
         raise TooManyRequests(f"more than {slots.limit} {what} open at once", 1)
+    held = authenticator.open_waits
+    held[kind] += 1
     try:
         yield
     finally:
+        held[kind] -= 1
         slots.release(name)

@@ -217,7 +217,7 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
         raise restms.BadRequest("When-Modified-After is not an HTTP date")
     engine = request.app[ENGINE]
     deadline = time.monotonic() + bounded(request, request.app[CONFIG].max_wait)
-    with waiting(request):
+    with waiting(request, "evented"):
         while True:
             if resource.deleted:
                 raise NotFound("the resource was deleted")

@@ -313,7 +313,7 @@ async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | Non
 
 async def _wait(request: web.Request, slot: Slot) -> Message:
     """A2, A9: the asynclet waits (a slot of the principal's), at most until its token expires."""
-    with waiting(request):
+    with waiting(request, "asynclet"):
         message = await _fetch(request, slot, http.bounded(request, request.app[CONFIG].max_wait))
     if message is None:
         http.check_credentials(request)

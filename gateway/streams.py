@@ -55,7 +55,7 @@ async def sse(request: web.Request, pipe: Pipe) -> web.StreamResponse:
             "X-Accel-Buffering": "no",
         }
     )
-    with waiting(request):
+    with waiting(request, "sse"):
         return await _sse(request, pipe, response)
 
 
@@ -122,7 +122,7 @@ async def multipart(request: web.Request, pipe: Pipe) -> web.StreamResponse:
         }
     )
     response.enable_chunked_encoding()
-    with waiting(request):
+    with waiting(request, "stream"):
         return await _multipart(request, pipe, response, fmt, boundary)
 
 

@@ -275,7 +275,7 @@ async def serve(request: web.Request, pipe: Pipe, publish: Publisher) -> web.Str
             "not a WebSocket upgrade: it needs Connection: Upgrade, Upgrade: websocket, "
             "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key"
         )
-    with waiting(request, socket=True):
+    with waiting(request, "websocket"):
         await ws.prepare(request)
         await Session(request, ws, pipe, window, publish).run()
     return ws

@@ -1,0 +1,148 @@
+"""GET /metrics against a real gateway: counters move by exactly what the traffic did.
+
+Each test scrapes, makes traffic (publishes, deliveries, acknowledgements, errors),
+scrapes again and compares samples parsed with ``prometheus_client.parser``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.app.jsonapi import AJ, DOMAIN, HJ, JSON, body, get, new_pipe, publish
+from tests.app.oauth import clients, token
+from tests.conftest import Gateway, MakeGateway
+
+FEED = "/restms/feed/default"  # routes on the address: a pipe's name
+RESOURCE = "/restms/resource/{name}"
+WAIT = 10.0  # seconds a bounded poll waits at most
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
+
+
+async def scrape(gw: Gateway, **headers: str) -> tuple[Samples, str]:
+    """Every sample of a /metrics answer, by name and labels; and the text itself."""
+    async with gw.http.get("/metrics", headers=headers) as r:
+        text = await r.text()
+        assert r.status == 200, text
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[sample.name, frozenset(sample.labels.items())] = sample.value
+    return samples, text
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    """One sample's value; 0 for a labelled sample not there yet (a counter not started)."""
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
+    return value(after, name, **labels) - value(before, name, **labels)
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not await check():
+        assert asyncio.get_running_loop().time() < deadline, f"gave up waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+def message(address: str, text: str) -> dict[str, Any]:
+    return {"address": address, "content": [{"type": "text/plain", "value": text}]}
+
+
+async def test_counters_move_by_exactly_the_traffic(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(metrics_access="loopback")
+    pipe = await new_pipe(gw)
+    name = pipe["name"]
+    before, _ = await scrape(gw)
+
+    # One publish request of three messages into the pipe (three copies routed).
+    assert await publish(gw, FEED, *(message(name, t) for t in ("a", "b", "c"))) == [1, 1, 1]
+    # One that fails: not a document (400 on the same route).
+    async with gw.http.post(FEED, data=b"{not json", headers=HJ) as r:
+        assert r.status == 400
+    # Read the first two messages (two deliveries), acknowledge up to the second.
+    status, reply = await get(gw, pipe["uri"])
+    hrefs = [m["href"] for m in reply["restms"]["pipe"][0]["message"] if m.get("async") != "1"]
+    assert len(hrefs) == 3
+    for href in hrefs[:2]:
+        status, _ = await get(gw, href)
+        assert status == 200
+    async with gw.http.delete(hrefs[1]) as r:
+        assert r.status == 200
+    # A path no route serves.
+    async with gw.http.get("/no/such/thing") as r:
+        assert r.status == 404
+
+    after, text = await scrape(gw)
+    assert delta(before, after, "restms_messages_published_total") == 3
+    assert delta(before, after, "restms_messages_routed_total") == 3
+    assert delta(before, after, "restms_messages_delivered_total") == 2
+    assert delta(before, after, "restms_messages_acknowledged_total") == 2
+    assert value(after, "restms_pipe_messages") == 1  # the third, still held
+    assert value(after, "restms_pipe_depth_max") == 1
+    assert value(after, "restms_pipes", type="default") == 1
+    requests = "restms_http_requests_total"
+    assert delta(before, after, requests, route=FEED_ROUTE, method="POST", status="200") == 1
+    assert delta(before, after, requests, route=FEED_ROUTE, method="POST", status="400") == 1
+    # The pipe listing and two messages: three GETs on the one resource route.
+    assert delta(before, after, requests, route=RESOURCE, method="GET", status="200") == 3
+    assert delta(before, after, requests, route=RESOURCE, method="DELETE", status="200") == 1
+    assert delta(before, after, requests, route="(unmatched)", method="GET", status="404") == 1
+    assert delta(before, after, requests, route="/metrics", method="GET", status="200") == 1
+    duration = "restms_http_request_duration_seconds_count"
+    assert delta(before, after, duration, route=FEED_ROUTE, method="POST") == 2
+    inf = "restms_http_request_duration_seconds_bucket"
+    assert delta(before, after, inf, route=FEED_ROUTE, method="POST", le="+Inf") == 2
+    assert value(after, "restms_http_requests_in_flight") == 1  # the scrape itself
+    assert value(after, "restms_store_up") == 1
+    assert delta(before, after, "restms_store_commits_total") >= 1
+    # Capabilities never appear: the private pipe's name is in no label.
+    assert name not in text
+    assert value(after, "process_cpu_seconds_total") > 0  # the process collectors run
+
+
+FEED_ROUTE = "/restms/feed/{name}"
+
+
+async def test_waiting_requests_are_counted_by_kind(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(metrics_access="loopback", max_wait=30.0)
+    pipe = await new_pipe(gw)
+    status, reply = await get(gw, pipe["uri"])
+    (asynclet,) = [m["href"] for m in reply["restms"]["pipe"][0]["message"]]
+
+    async def waiting(kind: str, count: int) -> bool:
+        samples, _ = await scrape(gw)
+        return value(samples, "restms_waiting_requests", kind=kind) == count
+
+    assert await waiting("asynclet", 0)
+    read = asyncio.create_task(get(gw, asynclet))
+    await until(lambda: waiting("asynclet", 1), "the asynclet to wait")
+    assert await publish(gw, FEED, message(pipe["name"], "x")) == [1]
+    status, _ = await read
+    assert status == 200
+    await until(lambda: waiting("asynclet", 0), "the asynclet to end")
+
+
+async def test_a_refusal_is_counted_as_an_auth_failure(make_gateway: MakeGateway) -> None:
+    configured, secrets = await clients(reader="restms:read")
+    gw = await make_gateway(
+        clients=configured, oauth_issuer="http://gw.test", metrics_access="open"
+    )
+    reader = {"Authorization": f"Bearer {await token(gw, 'reader', secrets['reader'])}"}
+    before, _ = await scrape(gw)
+    async with gw.http.get(DOMAIN, headers={"Authorization": "Bearer nonsense", **AJ}) as r:
+        assert r.status == 401
+    async with gw.http.post(DOMAIN, data=body(pipe=[{}]), headers={**HJ, **reader}) as r:
+        assert r.status == 403
+        assert r.content_type != JSON
+    after, _ = await scrape(gw)
+    failures = "restms_auth_failures_total"
+    assert delta(before, after, failures, reason="unauthorized") == 1
+    assert delta(before, after, failures, reason="insufficient_scope") == 1
