@@ -55,9 +55,11 @@ class EngineConfig:
     lease: float = 300.0
     max_deliveries: int = 5
     dead_letter_feed: str = DEAD_LETTER_FEED  # "": dead letters are discarded (counted)
-    # The topic feed management events are published on ("": none), and the seconds
+    # The feed management events are published on ("": none), its type ("topic":
+    # joins select on the address; "headers": on the event's headers), and the seconds
     # within which repeated events about one object are coalesced into one.
     system_feed: str = SYSTEM_FEED
+    system_feed_type: str = "topic"
     events_interval: float = 10.0
     pipe_idle_timeout: float = 600.0  # Q1: idle private pipes are collected (0: never)
     # Deduplication per feed on message_id: seconds and ids remembered (0 seconds: off).
@@ -102,6 +104,8 @@ class EngineConfig:
                 raise ValueError(f"system_feed: {exc.reason}") from exc
             if any(feed.name == self.system_feed for feed in self.feeds):
                 raise ValueError(f"feed {self.system_feed!r} is the system feed: configure it so")
+        if self.system_feed_type not in ("topic", "headers"):
+            raise ValueError('system_feed_type must be "topic" or "headers"')
         if self.events_interval <= 0:
             raise ValueError("events_interval must be positive")
         if self.overflow not in OVERFLOW_POLICIES:

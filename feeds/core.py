@@ -87,10 +87,13 @@ class Core(Placement):
                 FeedConfig(name=dead_letter, type="rotator", title="Dead letters", domain=first)
             )
         if self.config.system_feed:  # management events (feeds.events), the gateway's
-            title = "System events"
-            configured.append(
-                FeedConfig(name=self.config.system_feed, type="topic", title=title, domain=first)
+            system = FeedConfig(
+                name=self.config.system_feed,
+                type=self.config.system_feed_type,
+                title="System events",
+                domain=first,
             )
+            configured.append(system)
         for feed in configured:
             self._configure(feed)
         self.default_feed = self.public_feeds[DEFAULT_FEED]

@@ -102,6 +102,7 @@ class Config:
     max_deliveries: int = 5  # fetches before a message goes to the dead-letter feed
     dead_letter_feed: str = "dead-letter"  # "": dead letters are discarded
     system_feed: str = "restms.system"  # management events (docs/EVENTS.md); "": none
+    system_feed_type: str = "topic"  # "headers": joins select on the events' headers
     events_interval: float = 10.0  # seconds: repeated events about one object coalesce
     pipe_idle_timeout: float = 600.0  # seconds before an untouched pipe is collected (0: never)
     dedup_window: float = 600.0  # seconds a feed remembers message_ids (0: no deduplication)
@@ -177,10 +178,6 @@ class Config:
     analytics_stream_files: int = 100  # new lake files per micro-batch at most
     analytics_partitions: int = 4  # spark.sql.shuffle.partitions
     analytics_memory: str = "1g"  # spark.driver.memory of the worker
-    # metrics and readiness (docs/METRICS.md)
-    metrics_access: str = "scope"  # who may GET /metrics: scope, loopback or open
-    ready_commit_timeout: float = 2.0  # seconds /readyz waits for a test commit
-    ready_needs_bridges: bool = False  # a bridge whose link is not up: not ready
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -302,10 +299,6 @@ class Config:
                 raise ConfigError(f"{key} must be at least 1")
         if not self.analytics_master.strip():
             raise ConfigError("analytics_master must name a Spark master (local[*] by default)")
-        if self.metrics_access not in ("scope", "loopback", "open"):
-            raise ConfigError('metrics_access must be "scope", "loopback" or "open"')
-        if self.ready_commit_timeout <= 0:
-            raise ConfigError("ready_commit_timeout must be positive")
 
     @property
     def lake(self) -> str:
@@ -328,6 +321,7 @@ class Config:
             max_deliveries=self.max_deliveries,
             dead_letter_feed=self.dead_letter_feed,
             system_feed=self.system_feed,
+            system_feed_type=self.system_feed_type,
             events_interval=self.events_interval,
             pipe_idle_timeout=self.pipe_idle_timeout,
             dedup_window=self.dedup_window,

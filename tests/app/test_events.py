@@ -156,6 +156,21 @@ async def test_the_system_feed_can_be_renamed_or_switched_off(make_gateway: Make
     await new_pipe(off)  # and everything works without it
 
 
+async def test_a_headers_system_feed_selects_on_the_events_headers(
+    make_gateway: MakeGateway,
+) -> None:
+    gw = await make_gateway(system_feed_type="headers")
+    watcher = await Watcher.start(gw)
+    wanted = {"event": "pipe.deleted", "principal": "guest"}
+    await join(gw, watcher.pipe, SYSTEM, headers=wanted)
+    pipe = await new_pipe(gw)  # pipe.created: not selected
+    assert await delete(gw, pipe["uri"]) == 200
+    gone = Event(await watcher.next())
+    assert gone.address == "pipe.deleted"
+    assert gone.headers["object"] == sha(pipe["name"])
+    await watcher.none()  # nothing else: not the join's own event, not pipe.created
+
+
 # ---------------------------------------------------------------- feeds, pipes, joins
 async def test_feed_created_and_deleted(gw: Gateway) -> None:
     watcher = await Watcher.start(gw, "feed.*")
