@@ -178,6 +178,10 @@ class Config:
     analytics_stream_files: int = 100  # new lake files per micro-batch at most
     analytics_partitions: int = 4  # spark.sql.shuffle.partitions
     analytics_memory: str = "1g"  # spark.driver.memory of the worker
+    # metrics and readiness (docs/METRICS.md)
+    metrics_access: str = "scope"  # who may GET /metrics: scope, loopback or open
+    ready_commit_timeout: float = 2.0  # seconds /readyz waits for a test commit
+    ready_needs_bridges: bool = False  # a bridge whose link is not up: not ready
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -299,6 +303,10 @@ class Config:
                 raise ConfigError(f"{key} must be at least 1")
         if not self.analytics_master.strip():
             raise ConfigError("analytics_master must name a Spark master (local[*] by default)")
+        if self.metrics_access not in ("scope", "loopback", "open"):
+            raise ConfigError('metrics_access must be "scope", "loopback" or "open"')
+        if self.ready_commit_timeout <= 0:
+            raise ConfigError("ready_commit_timeout must be positive")
 
     @property
     def lake(self) -> str:
