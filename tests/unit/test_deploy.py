@@ -161,6 +161,19 @@ def test_doc_blocks_were_found() -> None:
     assert {"CONFIGURATION.md", "AUTH.md", "AMQP.md", "ZEROMQ.md"} <= places
 
 
+def test_metrics_named_in_operations_md_are_in_metrics_md() -> None:
+    metrics = (ROOT / "docs" / "METRICS.md").read_text(encoding="utf-8")
+    known = set(re.findall(r"\b(restms_[a-z_]+)", metrics))
+    named = set(
+        re.findall(
+            r"\b(restms_[a-z_]+)", (ROOT / "docs" / "OPERATIONS.md").read_text(encoding="utf-8")
+        )
+    )
+    assert named
+    suffixes = r"_(total|sum|count|bucket)$"
+    assert {n for n in named if n not in known and re.sub(suffixes, "", n) not in known} == set()
+
+
 # ---------------------------------------------------------------- systemd
 
 
