@@ -135,6 +135,19 @@ async def test_nobody_publishes_to_changes_or_deletes_the_system_feed(
     assert (await get(gw, SYSTEM))[0] == 200
 
 
+async def test_nor_over_a_websocket(gw: Gateway) -> None:
+    pipe = await new_pipe(gw)
+    async with gw.http.ws_connect(pipe["uri"], protocols=("restms.v1",)) as ws:
+        frame = {"type": "publish", "feed": "restms.system", "message": {"address": "x"}}
+        await ws.send_json(frame)
+        while True:  # frames about the pipe itself may come first
+            reply = await ws.receive_json(timeout=WAIT)
+            if reply["type"] == "error":
+                break
+    assert reply["status"] == 403
+    assert "system feed" in reply["reason"]
+
+
 async def test_joining_the_system_feed_needs_read_on_it(make_gateway: MakeGateway) -> None:
     gw = await make_gateway(guest_scopes="restms:subscribe restms:read:feed/other")
     pipe = await new_pipe(gw)
@@ -382,7 +395,7 @@ async def test_bridge_zeromq_up_then_down(make_gateway: MakeGateway) -> None:
 
 # ---------------------------------------------------------------- authentication
 async def test_auth_failures_are_rate_limited(make_gateway: MakeGateway) -> None:
-    gw = await make_gateway(**FAST)
+    gw = await make_gateway(events_interval=2.0, sweep_interval=0.05)  # ten requests fit in it
     watcher = await Watcher.start(gw, "auth.failed")
     token = "not-a-token-but-secret-anyway"
     for _ in range(10):
