@@ -5,7 +5,9 @@
 ``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry;
 ``analytics QUERY [--since S] [--until U] [--feed F] [--bucket B] [--limit N] [--json]``
 runs one analytics query with Spark in this process over the configured lake and
-prints a table (docs/ANALYTICS.md).
+prints a table (docs/ANALYTICS.md). ``feeds``, ``pipes``, ``joins``, ``bridges``,
+``clients`` and ``stats`` drive a running gateway over HTTP (:mod:`gateway.cli`,
+docs/ADMIN.md).
 """
 
 from __future__ import annotations
@@ -13,8 +15,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-
-from gateway.config import ConfigError, load
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +63,9 @@ def _parser() -> argparse.ArgumentParser:
     analytics.add_argument("--lake", help="the lake (default: mirror_lake from the config)")
     analytics.add_argument("--data-dir", help="data directory (default ./var)")
     analytics.add_argument("--config", help="TOML configuration file")
+    from gateway import cli
+
+    cli.add_parsers(verbs)  # feeds, pipes, joins, bridges, clients, stats (docs/ADMIN.md)
     return parser
 
 
@@ -70,6 +73,7 @@ def _analytics(args: argparse.Namespace) -> int:
     """``analytics QUERY``: Spark in this process (``analytics_master``) over the lake."""
     import json
 
+    from gateway.config import ConfigError, load
     from spark_sink import params, queries, session
 
     try:
@@ -117,6 +121,7 @@ def _client(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from auth.clients import CLIENTS_FILE, ClientStore, parse_scopes
+    from gateway.config import ConfigError, load
 
     try:
         config = load(args.config, overrides={"data_dir": args.data_dir})
@@ -154,6 +159,12 @@ def main(argv: list[str] | None = None) -> int:
         return _user_hash()
     if args.verb == "analytics":
         return _analytics(args)
+    from gateway import cli
+
+    if args.verb in cli.VERBS:
+        return cli.run(args)
+    from gateway.config import ConfigError, load  # aiohttp and more: not for the CLI verbs
+
     overrides = {
         "host": args.host,
         "port": args.port,

@@ -6,7 +6,9 @@ the data directory (:data:`CLIENTS_FILE`), which ``python main.py client add|rem
 edits while the gateway may be running. The gateway never writes the file; it notices
 a new version (a changed inode, size, mtime or ctime: every write is a rename) on the next
 :meth:`ClientStore.get`, so a new client works, and a removed one stops working,
-without a restart. Tokens already issued stay valid until they expire.
+without a restart. Tokens already issued stay valid until they expire, unless the
+client is revoked through the gateway (``DELETE /admin/clients/{id}``:
+:mod:`auth.revocations`).
 
 Secrets are 32 random bytes (``secrets.token_urlsafe``), shown once and stored only as
 ``scrypt$<n>$<r>$<p>$<salt>$<hash>`` (base64). scrypt is slow on purpose: every

@@ -104,6 +104,7 @@ class Claims:
     scopes: tuple[str, ...]
     expires: float | None  # epoch seconds; None only for introspected tokens
     client_id: str | None = None
+    issued: float | None = None  # "iat", epoch seconds (revoked clients: auth.revocations)
 
     def __post_init__(self) -> None:
         if not self.subject:
@@ -355,6 +356,7 @@ class JwtVerifier:
             scopes=_scopes(payload),
             expires=expires,
             client_id=_text(payload, "client_id") or _text(payload, "azp"),
+            issued=issued,
         )
 
     async def _keys(self, state: _IssuerKeys, algorithm: JWSAlgModel, kid: str | None) -> list[Key]:

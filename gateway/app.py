@@ -14,7 +14,7 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import analytics, bridging, metrics, mirroring, oauth, page, readiness, resources
+from . import admin, analytics, bridging, metrics, mirroring, oauth, page, readiness, resources
 from .authn import AUTH, Authenticator, auth_context
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
@@ -50,6 +50,7 @@ def build_app(config: Config) -> web.Application:
     readiness.add_routes(app)  # GET /readyz (docs/METRICS.md)
     metrics.add_routes(app)  # GET /metrics, and the per-request counts the middleware keeps
     bridging.add_routes(app)
+    admin.add_routes(app)  # /admin/pipes, /admin/stats, /admin/clients (docs/ADMIN.md)
     mirroring.add_routes(app)  # the traffic mirror and GET /admin/mirror (docs/ANALYTICS.md)
     page.add_routes(app)  # the live page at / (docs/BROWSER.md)
     analytics.add_routes(app)  # GET /analytics/... over a Spark worker (docs/ANALYTICS.md)

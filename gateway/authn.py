@@ -37,6 +37,7 @@ from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
 from auth.clients import CLIENTS_FILE, DUMMY_HASH, ClientStore, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, Slots
+from auth.revocations import REVOKED_FILE, Revocations
 from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
 from restms.errors import TooManyRequests, Unauthorized
 
@@ -77,6 +78,9 @@ class Authenticator:
         self.sockets = Slots(config.websocket_max_per_principal)  # open WebSockets
         self.open_waits = dict.fromkeys(WAIT_KINDS, 0)  # held now, by kind (GET /metrics)
         self.verifier: Verifier | None = None  # set when the app starts (keys are read)
+        # The built-in issuer's revoked clients (set at start with the issuer, if any).
+        self.revocations: Revocations | None = None
+        self.builtin = ""  # the built-in issuer's "iss"
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
         endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
         self.introspected = endpoint + "/"  # prefix for introspected tokens of unknown iss
@@ -123,6 +127,14 @@ class Authenticator:
                 raise Unauthorized(
                     f"bearer token refused: {exc.description}", (challenge,)
                 ) from None
+        revoked = self.revocations
+        if (
+            revoked
+            and claims.issuer == self.builtin
+            and revoked.refuses(claims.subject, claims.issued)
+        ):
+            challenge = bearer_challenge("invalid_token", "its client was revoked")
+            raise Unauthorized("bearer token refused: its client was revoked", (challenge,))
         prefix = self.prefixes.get(claims.issuer)
         if prefix is None:  # introspected, from no issuer we know: named after the endpoint
             prefix = self.introspected
@@ -322,6 +334,10 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         )
         app[oauth.ISSUER] = issuer
         app[oauth.CLIENTS] = clients
+        revoked_file = None if config.store == "memory" else directory / REVOKED_FILE.name
+        revocations = Revocations(revoked_file, config.token_ttl + config.token_leeway)
+        await asyncio.to_thread(revocations.load)
+        authenticator.revocations, authenticator.builtin = revocations, issuer.issuer
         trusted.append(
             TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
         )

@@ -15,7 +15,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import orjson
 from aiohttp import web
 
 from auth import Principal
@@ -28,7 +27,6 @@ from restms.errors import (
     Forbidden,
     InsufficientScope,
     NotFound,
-    UnsupportedMediaType,
 )
 
 from . import durability, http, spill
@@ -89,18 +87,6 @@ def _need_admin(request: web.Request, feed: str) -> None:
         )
 
 
-def _json(data: object, status: int = 200, location: str | None = None) -> web.Response:
-    headers = {"Cache-Control": "no-store"}
-    if location:
-        headers["Location"] = location
-    return web.Response(
-        body=orjson.dumps(data, option=orjson.OPT_INDENT_2),
-        status=status,
-        content_type="application/json",
-        headers=headers,
-    )
-
-
 def _need_some_admin(request: web.Request) -> Principal:
     """403 before anything else for a principal that administers no feed at all, so
     it can neither list bridges nor tell a bridge's name from one never made."""
@@ -116,19 +102,12 @@ async def list_bridges(request: web.Request) -> web.Response:
     shown = [
         b.status() for b in request.app[BRIDGES] if _may_admin(principal, engine, b.config.feed)
     ]
-    return _json({"bridges": shown})
+    return http.json_reply({"bridges": shown})
 
 
 async def create_bridge(request: web.Request) -> web.Response:
     _need_some_admin(request)
-    content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
-    if content_type != "application/json":
-        raise UnsupportedMediaType("a bridge definition is a JSON object (application/json)")
-    body = await http.read_body(request)
-    try:
-        entry = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the bridge definition is not valid JSON: {exc}") from exc
+    entry = await http.read_json(request, "a bridge definition")
     try:
         config = parse(entry)
     except ValueError as exc:
@@ -136,7 +115,7 @@ async def create_bridge(request: web.Request) -> web.Response:
     _need_admin(request, config.feed)
     bridge, created = await request.app[BRIDGES].create(config)
     location = f"{request.url.origin()}{BRIDGES_PATH}/{bridge.name}"
-    return _json(bridge.status(), 201 if created else 200, location)
+    return http.json_reply(bridge.status(), 201 if created else 200, location)
 
 
 def _visible_bridge(request: web.Request) -> AnyBridge:
@@ -151,7 +130,7 @@ def _visible_bridge(request: web.Request) -> AnyBridge:
 
 
 async def get_bridge(request: web.Request) -> web.Response:
-    return _json(_visible_bridge(request).status())
+    return http.json_reply(_visible_bridge(request).status())
 
 
 async def delete_bridge(request: web.Request) -> web.Response:
@@ -161,7 +140,7 @@ async def delete_bridge(request: web.Request) -> web.Response:
     if bridge.configured:
         raise Forbidden(f"bridge {bridge.name!r} is in the configuration file: remove it there")
     dropped = await registry.delete(bridge.name, discard=discard)
-    return _json({"deleted": bridge.name, "discarded": dropped})
+    return http.json_reply({"deleted": bridge.name, "discarded": dropped})
 
 
 def add_routes(app: web.Application) -> None:

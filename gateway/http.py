@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Protocol
+from typing import Any, Protocol
 
+import orjson
 from aiohttp import web
 
 import restms
 from feeds.model import Watchable
 from restms.document import Document
 from restms.errors import (
+    BadRequest,
     NotFound,
     PayloadTooLarge,
     PreconditionFailed,
@@ -83,6 +85,30 @@ async def read_body(request: web.Request) -> bytes:
         return await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise PayloadTooLarge(f"request body is over the {limit}-byte limit") from exc
+
+
+def json_reply(data: object, status: int = 200, location: str | None = None) -> web.Response:
+    """A plain JSON reply of the admin resources (not a RestMS document), never cached."""
+    headers = {"Cache-Control": "no-store"}
+    if location:
+        headers["Location"] = location
+    return web.Response(
+        body=orjson.dumps(data, option=orjson.OPT_INDENT_2),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+async def read_json(request: web.Request, what: str) -> Any:
+    """The body of an admin request: ``what``, a JSON value (415 or 400 otherwise)."""
+    if bare_type(request.headers.get("Content-Type", "")) != "application/json":
+        raise UnsupportedMediaType(f"{what} is a JSON object (application/json)")
+    body = await read_body(request)
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from exc
 
 
 def request_format(request: web.Request, body: bytes) -> Format:

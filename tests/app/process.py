@@ -24,6 +24,25 @@ async def start(*args: str, env: dict[str, str] | None = None) -> asyncio.subpro
     )
 
 
+async def main_py(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``python main.py ARGS`` run to its end, with no
+    ``RESTMS_*`` variable of ours but those in ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RESTMS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(ROOT / "main.py"),
+        *args,
+        cwd=ROOT,
+        env={**clean, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 async def listening_port(proc: asyncio.subprocess.Process) -> int:
     assert proc.stderr is not None
     async with asyncio.timeout(20):

@@ -7,8 +7,6 @@ The server is a bare ``web.Application`` with only :func:`gateway.oauth.add_rout
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +23,10 @@ from joserfc.jwk import KeySet
 from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from gateway.oauth import PUBLIC_PATHS, add_routes
+from tests.app.process import main_py
 
 pytestmark = pytest.mark.app
 
-ROOT = Path(__file__).resolve().parents[2]
 FORM = {"grant_type": "client_credentials"}
 # a configured client whose id and secret need RFC 6749 form-encoding inside Basic
 ODD_ID, ODD_SECRET = "ops.team", "p@ss w:rd+%"
@@ -264,20 +262,7 @@ def test_public_paths_are_the_three_routes() -> None:
 
 
 async def cli(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(ROOT / "main.py"),
-        "client",
-        *args,
-        cwd=ROOT,
-        env={k: v for k, v in os.environ.items() if not k.startswith("RESTMS_")},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    async with asyncio.timeout(60):
-        out, err = await proc.communicate()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await main_py("client", *args)
 
 
 async def test_cli_adds_lists_and_removes_clients_a_running_server_honours(

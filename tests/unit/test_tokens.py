@@ -223,9 +223,14 @@ async def test_accepted(
 ) -> None:
     token = make()
     got = await verifier.verify(token)
-    exp = orjson.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))["exp"]
+    payload = orjson.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
     assert got == Claims(
-        subject="alice", issuer=ISS, scopes=scopes, expires=exp, client_id=client_id
+        subject="alice",
+        issuer=ISS,
+        scopes=scopes,
+        expires=payload["exp"],
+        client_id=client_id,
+        issued=payload.get("iat"),
     )
 
 

@@ -1,0 +1,381 @@
+"""The online admin verbs (gateway/cli.py) against a real gateway on 127.0.0.1.
+
+Each verb runs as a user runs it, ``python main.py ...`` in its own process; what it
+prints and its exit code are checked, and the gateway's state is checked over HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from feeds.config import FeedConfig
+from tests.app.oauth import JSON, As, clients, token
+from tests.app.process import ROOT, main_py
+from tests.conftest import Gateway, MakeGateway
+
+pytestmark = pytest.mark.app
+
+ISS = "http://gw.test"
+SCOPES = {
+    "root": "restms:admin",
+    "user": "restms:read restms:publish restms:subscribe",
+}
+FEEDS = (FeedConfig(name="orders", type="topic"),)
+
+
+async def cli(*args: str, **env: str) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of ``python main.py ARGS`` with these variables."""
+    return await main_py(*args, env=env)
+
+
+async def ok(*args: str, **env: str) -> str:
+    code, out, err = await cli(*args, **env)
+    assert code == 0, err
+    assert err == ""
+    return out
+
+
+async def fails(code: int, says: str, *args: str, **env: str) -> str:
+    """Run a verb that must exit with ``code``, print nothing on stdout, and say why on
+    stderr as ``main.py: ...`` with ``says`` in it; returns that reason."""
+    got, out, err = await cli(*args, **env)
+    assert (got, out) == (code, ""), err
+    assert err.startswith("main.py: ")
+    assert says in err
+    return err
+
+
+async def ok_json(*args: str, **env: str) -> Any:
+    return json.loads(await ok(*args, "--json", **env))
+
+
+@dataclass
+class Live:
+    """A gateway, the CLI's environment for its admin client, and every client's secret."""
+
+    gw: Gateway
+    env: dict[str, str]
+    secrets: dict[str, str]
+
+    async def client(self, name: str) -> As:
+        return As.bearer(self.gw, await token(self.gw, name, self.secrets[name]))
+
+
+async def start(make_gateway: MakeGateway) -> Live:
+    """A gateway with an admin client ``root`` and a user; the CLI acts as ``root`` (a
+    client of the built-in issuer, which the CLI gets a token from)."""
+    configured, secrets = await clients(**SCOPES)
+    gw = await make_gateway(clients=configured, oauth_issuer=ISS, feeds=FEEDS)
+    env = {
+        "RESTMS_URL": gw.url,
+        "RESTMS_CLIENT_ID": "root",
+        "RESTMS_CLIENT_SECRET": secrets["root"],
+    }
+    return Live(gw, env, secrets)
+
+
+async def make_pipe(who: As, title: str = "work") -> str:
+    status, reply, _headers = await who.call(
+        "POST", "/restms/domain/default", {"pipe": [{"title": title}]}
+    )
+    assert status == 201, reply
+    return str(reply["restms"]["pipe"][0]["name"])
+
+
+async def admin(who: As, method: str, path: str) -> tuple[int, Any, Any]:
+    """An admin request: (status, parsed JSON or the text/plain reason, headers)."""
+    status, reply, headers = await who.call(method, path, Accept="application/json")
+    if headers.get("Content-Type", "").startswith("application/json"):
+        reply = json.loads(reply)
+    return status, reply, headers
+
+
+def conforms(reply: Any, schema: str) -> None:
+    """The reply matches ``schema`` of openapi/openapi.yaml (OpenAPI 3.1: JSON Schema)."""
+    spec = yaml.safe_load((ROOT / "openapi" / "openapi.yaml").read_text(encoding="utf-8"))
+    document = {"$ref": f"#/components/schemas/{schema}", "components": spec["components"]}
+    jsonschema.Draft202012Validator(document).validate(reply)
+
+
+async def publish(who: As, feed: str, address: str, count: int, persistent: bool) -> None:
+    message = {"address": address, "content": [{"type": "text/plain", "value": "x"}]}
+    if persistent:
+        message["delivery_mode"] = "2"
+    status, reply, _ = await who.call(
+        "POST", f"/restms/feed/{feed}", {"message": [message] * count}
+    )
+    assert status == 200, reply
+
+
+async def test_feeds_add_list_delete(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    gw, env = live.gw, live.env
+    out = await ok("feeds", "add", "weather", "--type", "topic", "--title", "Weather", **env)
+    assert out == "created feed weather (type topic)\n"
+    again = await ok_json("feeds", "add", "weather", "--type", "topic", **env)
+    assert again == {"name": "weather", "type": "topic", "created": False}
+    async with gw.http.get("/restms/feed/weather", headers={"Accept": JSON}) as r:
+        assert r.status == 200
+        assert (await r.json())["restms"]["feed"][0]["type"] == "topic"
+
+    table = (await ok("feeds", "list", **env)).splitlines()
+    assert table[0].split() == ["NAME", "TYPE", "TITLE"]
+    assert ["weather", "topic", "Weather"] in [line.split() for line in table]
+    listed = await ok_json("feeds", "list", **env)
+    assert {"name": "weather", "type": "topic", "title": "Weather"}.items() <= next(
+        f for f in listed if f["name"] == "weather"
+    ).items()
+
+    assert await ok("feeds", "delete", "weather", **env) == "deleted feed weather\n"
+    async with gw.http.get("/restms/feed/weather") as r:
+        assert r.status == 404
+    err = await fails(1, "404", "feeds", "delete", "weather", **env)
+    assert "weather" in err
+    await fails(1, " 400 ", "feeds", "add", "bad name", **env)
+
+
+async def test_joins_of_own_pipe(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    gw, env = live.gw, live.env
+    root = await live.client("root")
+    pipe = await make_pipe(root)
+    made = await ok_json("joins", "add", pipe, "orders", "--address", "eu.#", **env)
+    assert made["feed"] == "orders"
+    assert made["address"] == "eu.#"
+    assert made["created"] is True
+    status, reply, _ = await root.call("GET", made["uri"])
+    assert status == 200
+    assert reply["restms"]["join"][0]["address"] == "eu.#"
+
+    table = await ok("joins", "list", f"{gw.url}/restms/resource/{pipe}", **env)
+    rows = [line.split() for line in table.splitlines()]
+    assert rows[0] == ["JOIN", "FEED", "TYPE", "ADDRESS"]
+    assert [made["uri"], "orders", "-", "eu.#"] in rows
+    await publish(root, "orders", "eu.paris", 1, persistent=False)
+    await publish(root, "orders", "us.nyc", 1, persistent=False)
+    status, reply, _ = await root.call("GET", f"/restms/resource/{pipe}")
+    assert [m.get("address") for m in reply["restms"]["pipe"][0]["message"]] == ["eu.paris", None]
+
+    assert await ok("joins", "delete", made["uri"], **env) == f"deleted join {made['uri']}\n"
+    status, _, _ = await root.call("GET", made["uri"])
+    assert status == 404
+    joins = await ok_json("joins", "list", pipe, **env)
+    assert [j["feed"] for j in joins] == ["default"]  # the pipe's default join stays
+    await fails(1, " 400 ", "joins", "add", pipe, "nosuch", **env)
+
+
+async def test_pipes_list_inspect_purge_survives_restart(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    gw, env = live.gw, live.env
+    user = await live.client("user")
+    pipe = await make_pipe(user, "orders-eu")
+    status, _, _ = await user.call(
+        "POST",
+        f"/restms/resource/{pipe}",
+        {"join": [{"feed": "/restms/feed/orders", "address": "eu.#"}]},
+    )
+    assert status == 201
+    await publish(user, "orders", "eu.x", 3, persistent=True)
+    await publish(user, "orders", "eu.y", 2, persistent=False)
+
+    rows = [line.split() for line in (await ok("pipes", "list", **env)).splitlines()]
+    assert rows[0] == ["NAME", "TYPE", "DOMAIN", "OWNER", "MESSAGES", "JOINS", "WAITING", "TITLE"]
+    assert [pipe, "-", "default", "user", "5", "2", "0", "orders-eu"] in rows
+    shown = await ok_json("pipes", "inspect", pipe, **env)
+    assert shown["name"] == pipe
+    assert shown["owner"] == "user"
+    assert shown["messages"] == 5
+    assert shown["next"] == 6
+    assert shown["oldest"] == 1
+    assert {(j["feed"], j["address"]) for j in shown["joined"]} == {
+        ("default", pipe),
+        ("orders", "eu.#"),
+    }
+
+    out = await ok("pipes", "purge", pipe, **env)
+    assert out == f"purged 5 messages from pipe {pipe}\n"
+    assert (await ok_json("pipes", "inspect", pipe, **env))["messages"] == 0
+    await gw.stop()
+
+    live = await start(make_gateway)  # the same data directory
+    gw, env = live.gw, live.env
+    user = await live.client("user")
+    status, reply, _ = await user.call("GET", f"/restms/resource/{pipe}")
+    assert status == 200
+    messages = reply["restms"]["pipe"][0]["message"]
+    assert messages == [{"href": f"{gw.url}/restms/resource/{pipe}.6", "async": "1"}]
+    await fails(1, "404 no pipe by that name", "pipes", "purge", "nosuch", **env)
+
+
+async def test_pipe_names_only_to_gateway_admins(make_gateway: MakeGateway) -> None:
+    configured, secrets = await clients(
+        root="restms:admin",
+        tenant="restms:admin:domain/default",
+        feeds="restms:admin:feed/orders",
+    )
+    gw = await make_gateway(clients=configured, oauth_issuer=ISS, feeds=FEEDS)
+    who = {name: As.bearer(gw, await token(gw, name, secret)) for name, secret in secrets.items()}
+    pipe = await make_pipe(who["root"])
+    status, reply, _ = await admin(who["tenant"], "GET", "/admin/pipes")
+    assert status == 200
+    (entry,) = reply["pipes"]
+    assert "name" not in entry
+    assert len(entry["digest"]) == 12
+    assert entry["title"] == "work"
+    status, reply, _ = await admin(who["tenant"], "GET", f"/admin/pipes/{pipe}")
+    assert status == 200
+    assert reply["name"] == pipe
+    status, reply, _ = await admin(who["feeds"], "GET", "/admin/pipes")
+    assert (status, reply) == (200, {"pipes": []})
+    status, reply, _ = await admin(who["feeds"], "DELETE", f"/admin/pipes/{pipe}/messages")
+    assert status == 404
+    for path in ("/admin/stats", "/admin/clients"):
+        status, reply, headers = await who["tenant"].call("GET", path)
+        assert status == 403
+        assert "unqualified restms:admin" in reply
+        assert 'scope="restms:admin"' in headers["WWW-Authenticate"]
+
+
+async def test_clients_add_list_revoke(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    gw, env = live.gw, live.env
+    out = await ok("clients", "add", "worker", "--scopes", "restms:read restms:subscribe", **env)
+    lines = out.splitlines()
+    assert lines[0] == "client_id: worker"
+    secret = lines[1].removeprefix("client_secret: ")
+    worker = As.bearer(gw, await token(gw, "worker", secret))
+    status, _, _ = await worker.call("GET", "/restms/domain/default")
+    assert status == 200
+
+    listed = await ok_json("clients", "list", **env)
+    assert {"client_id": "worker", "scopes": ["restms:read", "restms:subscribe"]}.items() <= next(
+        c for c in listed["clients"] if c["client_id"] == "worker"
+    ).items()
+    assert secret not in json.dumps(listed)
+    assert "scrypt" not in json.dumps(listed)
+    rows = [line.split() for line in (await ok("clients", "list", **env)).splitlines()]
+    assert ["root", "yes", "restms:admin"] in rows
+    assert ["worker", "no", "restms:read", "restms:subscribe"] in rows
+
+    out = await ok("clients", "revoke", "worker", **env)
+    assert out == "revoked client worker: removed, and its tokens are refused\n"
+    status, reply, headers = await worker.call("GET", "/restms/domain/default")
+    assert status == 401
+    assert "revoked" in reply
+    assert 'error="invalid_token"' in headers["WWW-Authenticate"]
+    await fails(1, "404 no client 'worker'", "clients", "revoke", "worker", **env)
+    err = await fails(1, " 403 ", "clients", "revoke", "root", **env)
+    assert "configuration file" in err
+    await fails(1, " 409 ", "clients", "add", "root", "--scopes", "restms:read", **env)
+    await gw.stop()
+
+    live = await start(make_gateway)  # the list is on disk: the token stays refused
+    status, _, _ = await As(live.gw, worker.auth).call("GET", "/restms/domain/default")
+    assert status == 401
+
+
+async def test_bridges_from_a_toml_file(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    live = await start(make_gateway)
+    env = live.env
+    definition = tmp_path / "out.toml"
+    await asyncio.to_thread(
+        definition.write_text,
+        '[[bridges]]\nname = "orders-out"\ndirection = "out"\nfeed = "orders"\naddress = "#"\n'
+        'urls = ["amqp://127.0.0.1:1"]\ntarget = "/exchange/amq.topic/{address}"\n',
+    )
+    out = await ok("bridges", "add", str(definition), **env)
+    assert out.startswith("bridge orders-out: ")
+    root = await live.client("root")
+    status, reply, _ = await admin(root, "GET", "/admin/bridges/orders-out")
+    assert status == 200
+    assert reply["definition"]["address"] == "#"
+    rows = [line.split() for line in (await ok("bridges", "list", **env)).splitlines()]
+    assert rows[0][:5] == ["NAME", "KIND", "DIRECTION", "FEED", "STATE"]
+    assert rows[1][:4] == ["orders-out", "amqp", "out", "orders"]
+    status = await ok_json("bridges", "status", "orders-out", **env)
+    assert status["definition"]["target"] == "/exchange/amq.topic/{address}"
+    assert "counters.connects" in await ok("bridges", "status", "orders-out", **env)
+
+    await publish(root, "orders", "eu.x", 1, persistent=True)
+    err = await fails(1, " 409 ", "bridges", "delete", "orders-out", **env)
+    assert "?discard=true" in err
+    out = await ok("bridges", "delete", "orders-out", "--discard", **env)
+    assert out == "deleted bridge orders-out; 1 waiting messages discarded\n"
+    assert (await ok_json("bridges", "list", **env)) == {"bridges": []}
+
+    bad = tmp_path / "bad.json"
+    text = '{"name": "x", "direction": "out", "feed": "orders", "urls": ["amqp://h"]}'
+    await asyncio.to_thread(bad.write_text, text)
+    await fails(1, "needs a target", "bridges", "add", str(bad), **env)
+    await fails(2, "cannot read", "bridges", "add", str(tmp_path / "absent.toml"), **env)
+
+
+async def test_stats_and_failures(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    gw, env = live.gw, live.env
+    user = await live.client("user")
+    pipe = await make_pipe(user)
+    await user.call(
+        "POST",
+        f"/restms/resource/{pipe}",
+        {"join": [{"feed": "/restms/feed/orders", "address": "#"}]},
+    )
+    await publish(user, "orders", "a", 4, persistent=False)
+    stats = await ok_json("stats", **env)
+    assert stats["pipes"] == 1
+    assert stats["joins"] == 2
+    assert stats["messages"] == {"in_memory": 4, "on_disk": 0, "queued": 0}
+    assert stats["counters"]["published"] == 4
+    assert stats["store"] == "sqlite"
+    assert stats["bridges"]["total"] == 0
+    text = await ok("stats", **env)
+    assert "messages.in_memory" in text
+    assert "counters.published" in text
+
+    user_token = await token(gw, "user", live.secrets["user"])
+    err = await fails(1, " 403 ", "stats", "--token", user_token, RESTMS_URL=gw.url)
+    assert user_token not in err
+    err = await fails(
+        1, "invalid_client", "stats", **{**env, "RESTMS_CLIENT_SECRET": "s3cr3t-guess"}
+    )
+    assert "s3cr3t-guess" not in err
+    await fails(3, "127.0.0.1:1", "stats", "--url", "http://127.0.0.1:1", "--token", "t")
+    await fails(2, "http://", "stats", "--url", "ftp://x", "--token", "t")
+
+
+async def test_admin_replies_match_the_openapi_schemas(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    root, user = await live.client("root"), await live.client("user")
+    pipe = await make_pipe(user)
+    await publish(user, "orders", "a", 2, persistent=True)
+    replies = {
+        "PipeList": await admin(root, "GET", "/admin/pipes"),
+        "PipeDetail": await admin(root, "GET", f"/admin/pipes/{pipe}"),
+        "GatewayStats": await admin(root, "GET", "/admin/stats"),
+        "ClientList": await admin(root, "GET", "/admin/clients"),
+        "PipePurged": await admin(root, "DELETE", f"/admin/pipes/{pipe}/messages"),
+    }
+    for schema, (status, reply, headers) in replies.items():
+        assert status == 200, (schema, reply)
+        assert headers["Cache-Control"] == "no-store"
+        await asyncio.to_thread(conforms, reply, schema)
+    added = {"client_id": "w", "scopes": ["restms:read"]}
+    async with live.gw.http.post("/admin/clients", json=added, headers=root.auth) as r:
+        assert r.status == 201
+        assert r.headers["Location"] == f"{live.gw.url}/admin/clients/w"
+        await asyncio.to_thread(conforms, await r.json(), "ClientCreated")
+    async with live.gw.http.delete("/admin/clients/w", headers=root.auth) as r:
+        assert r.status == 200
+        await asyncio.to_thread(conforms, await r.json(), "ClientRevoked")
+    for body in ({"client_id": "w"}, {**added, "x": 1}, {**added, "scopes": ["a b"]}, []):
+        async with live.gw.http.post("/admin/clients", json=body, headers=root.auth) as r:
+            assert r.status == 400
+            assert r.content_type == "text/plain"

@@ -1,0 +1,90 @@
+"""The revocation list of the built-in issuer's clients (auth/revocations.py)."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+
+from auth.revocations import MARGIN, Revocations
+
+KEEP = 3600.0  # the token lifetime plus leeway
+
+
+class Clock:
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_tokens_issued_before_or_just_after_are_refused(tmp_path: Path) -> None:
+    clock = Clock()
+    revoked = Revocations(tmp_path / "oauth" / "revoked.json", KEEP, clock)
+    assert not revoked.refuses("worker", clock.now - 10)
+    at = revoked.revoke("worker")
+    assert at == clock.now
+    assert revoked.refuses("worker", at - 100)
+    assert revoked.refuses("worker", int(at))  # iat is whole seconds
+    assert revoked.refuses("worker", at + MARGIN)
+    assert revoked.refuses("worker", None)  # no iat: cannot tell, refused
+    assert not revoked.refuses("worker", at + MARGIN + 1)  # re-added later: new tokens work
+    assert not revoked.refuses("other", at - 100)
+    assert not revoked.refuses(None, at - 100)
+
+
+def test_kept_on_disk_privately_and_read_back(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "oauth" / "revoked.json"
+    Revocations(path, KEEP, clock).revoke("worker")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    again = Revocations(path, KEEP, clock)
+    assert not again.refuses("worker", clock.now - 1)
+    again.load()
+    assert again.refuses("worker", clock.now - 1)
+    assert json.loads(path.read_text()) == {"version": 1, "revoked": {"worker": clock.now}}
+
+
+def test_entries_go_once_every_token_they_refuse_has_expired(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "revoked.json"
+    revoked = Revocations(path, KEEP, clock)
+    revoked.revoke("old")
+    clock.now += KEEP + MARGIN + 1
+    revoked.revoke("new")
+    assert len(revoked) == 1
+    assert not revoked.refuses("old", clock.now - KEEP - 100)
+    assert set(json.loads(path.read_text())["revoked"]) == {"new"}
+    clock.now += KEEP + MARGIN + 1
+    fresh = Revocations(path, KEEP, clock)
+    fresh.load()
+    assert len(fresh) == 0
+
+
+def test_in_memory_without_a_path() -> None:
+    revoked = Revocations(None, KEEP, Clock())
+    revoked.load()
+    revoked.revoke("worker")
+    assert revoked.refuses("worker", 0)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"{",
+        b"[]",
+        b'{"version": 2, "revoked": {}}',
+        b'{"version": 1, "revoked": {"a b": 1}}',
+        b'{"version": 1, "revoked": {"w": "soon"}}',
+        b'{"version": 1, "revoked": {"w": true}}',
+    ],
+)
+def test_a_damaged_file_stops_the_start(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "revoked.json"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=r"revoked\.json|client id"):
+        Revocations(path, KEEP, Clock()).load()
