@@ -11,6 +11,13 @@ guest (no credentials) and with a refused bearer token, get
 * a ``Content-Type`` the operation documents for that status;
 * a body that matches the schema documented for it, and the headers it requires.
 
+Random path parameters mostly name nothing (404), so before each operation whose path
+has parameters the test makes real resources as the admin client (a feed, a pipe
+joined to it, a published message and its content, an extra OAuth client) and the
+parameters are drawn from their names as well as generated: the documents, methods
+and conditional headers schemathesis generates then reach real resources, and may
+delete them (each operation gets fresh ones).
+
 The run is bounded: ``EXAMPLES`` requests per operation and mode, each request at most
 ``REQUEST_TIMEOUT`` seconds, waits in the gateway capped at ``max_wait`` (so asynclets
 and streams end), no shrinking. A failure names the operation, the check, and a curl
@@ -54,9 +61,14 @@ from tests.conftest import serve
 
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(300)]
 
-EXAMPLES = 10  # generated requests per operation and generation mode
+# Generated requests per operation and generation mode (valid, invalid), without and
+# with path parameters that name resources; CONTRACT_EXAMPLES scales both for a deeper
+# run by hand (docs/API.md).
+SCALE = float(os.environ.get("CONTRACT_EXAMPLES") or 1)
+EXAMPLES = max(1, round(8 * SCALE))
+EXAMPLES_ON_RESOURCES = max(1, round(20 * SCALE))
 REQUEST_TIMEOUT = 10.0  # seconds a request may take (waits end after max_wait)
-BUDGET = 150.0  # seconds the whole run may take; the test fails beyond it
+BUDGET = 200.0 * SCALE  # seconds the run may take (about 40 on two idle cores); then it fails
 CHECK_NAMES = (
     "status_code_conformance",
     "content_type_conformance",
@@ -68,8 +80,8 @@ SECRET = "contract-secret"
 # What a live gateway under test is configured with: waits and streams end quickly,
 # every request is answered (no rate limit), no Spark and no lake.
 SETTINGS: dict[str, Any] = {
-    "max_wait": 1.0,
-    "stream_max": 1.0,
+    "max_wait": 0.2,
+    "stream_max": 0.2,
     "heartbeat": 0.5,
     "rate_limit": 0.0,
     "analytics": False,
@@ -78,8 +90,13 @@ SETTINGS: dict[str, Any] = {
     "webhook_timeout": 1.0,
     "webhook_max_attempts": 1,
 }
-# The only 5xx answers allowed, by path template: analytics without a Spark worker.
-SERVER_ERRORS_ALLOWED = {"/analytics/{query}": {503}}
+# The only 5xx answers allowed (each documented), by path template.
+SERVER_ERRORS_ALLOWED = {
+    "/analytics/{query}": {503},  # analytics are off: no Spark worker
+    "/restms/resource/{hash}": {503},  # an asynclet's wait ended with nothing (A9: retry)
+}
+JSON = "application/restms+json"
+RESOURCE = re.compile(r"/restms/resource/([^/?#\s\"]+)")
 URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*:)?//[^/?#\s]*")
 
 
@@ -115,6 +132,49 @@ def admin_token(url: str) -> str:
     return str(reply.json()["access_token"])
 
 
+def make_resources(url: str, auth: dict[str, str], n: int, path: str) -> dict[str, list[str]]:
+    """Fresh resources as the admin client for one path template; parameter -> names."""
+    http = requests.Session()
+    http.headers.update({**auth, "Accept": JSON})
+
+    def post(uri: str, **document: Any) -> requests.Response:
+        reply = http.post(
+            uri, json={"restms": document}, headers={"Content-Type": JSON}, timeout=REQUEST_TIMEOUT
+        )
+        assert reply.status_code in (200, 201), (uri, reply.status_code, reply.text)
+        return reply
+
+    domain = url + "/restms/domain/default"
+    feed = f"contract-{n}"
+    post(domain, feed=[{"name": feed, "type": "fanout"}])
+    pipe = post(domain, pipe=[{}]).headers["Location"]
+    post(pipe, join=[{"feed": f"{url}/restms/feed/{feed}", "address": ""}])
+    content = {"type": "text/plain", "value": "x"}
+    post(f"{url}/restms/feed/{feed}", message=[{"address": "a", "content": [content]}])
+    seen = set(RESOURCE.findall(http.get(pipe, timeout=REQUEST_TIMEOUT).text))
+    for name in list(seen):  # the message's contents
+        seen |= set(RESOURCE.findall(http.get(f"{url}/restms/resource/{name}").text))
+    client = f"contract-{n}"
+    if path == "/admin/clients/{id}":  # a secret hashed with scrypt: only where needed
+        reply = http.post(
+            url + "/admin/clients",
+            json={"client_id": client, "scopes": ["restms:read"]},
+            timeout=REQUEST_TIMEOUT,
+        )
+        assert reply.status_code == 201, reply.text
+    pipe_name = pipe.rsplit("/", 1)[1]
+    http.close()
+    names = {
+        "/restms/domain/{name}": {"name": ["default"]},
+        "/restms/feed/{name}": {"name": [feed, "default"]},
+        "/restms/resource/{hash}": {"hash": sorted(seen)},
+        "/admin/pipes/{name}": {"name": [pipe_name]},
+        "/admin/pipes/{name}/messages": {"name": [pipe_name]},
+        "/admin/clients/{id}": {"id": [client]},
+    }
+    return names.get(path, {})
+
+
 def local(value: Any) -> Any:
     """The value with every URL's authority turned into 127.0.0.1:9 (nothing listens)."""
     if isinstance(value, str):
@@ -144,14 +204,23 @@ def test_every_operation_answers_as_described(tmp_path: Path) -> None:
         session = requests.Session()
         operations = [result.ok() for result in schema.get_all_operations()]
         assert len(operations) >= 40, len(operations)
-        for operation in operations:
-            strategies = [operation.as_strategy(GenerationMode.POSITIVE)]
-            with contextlib.suppress(Exception):  # nothing to break: no negative cases
-                strategies.append(operation.as_strategy(GenerationMode.NEGATIVE))
+        for n, operation in enumerate(operations):
+            known = {}
+            if "{" in operation.path:
+                known = make_resources(url, callers["admin"], n, operation.path)
+            fixed = [{}] + [{k: v} for k, values in known.items() for v in values]
+            strategies = []
+            for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+                for path_parameters in fixed:
+                    with contextlib.suppress(Exception):  # nothing to break: no negative cases
+                        strategies.append(
+                            operation.as_strategy(mode, path_parameters=path_parameters or None)
+                        )
+            examples = EXAMPLES_ON_RESOURCES if known else EXAMPLES
 
             @seed(run_seed)
             @settings(
-                max_examples=EXAMPLES * len(strategies),
+                max_examples=examples * 2,
                 deadline=None,  # each request is bounded by REQUEST_TIMEOUT instead
                 database=None,
                 phases=[Phase.explicit, Phase.generate],
