@@ -32,14 +32,22 @@ import asyncio
 import dataclasses
 import hashlib
 from collections import Counter
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
 from auth import GUEST, Principal
 from auth.clients import ClientStore, check_client_id, check_scope_token
 from feeds.model import Feed, Join, Pipe, Slot, StagedContent
-from restms.errors import BadRequest, Conflict, Forbidden, InsufficientScope, NotFound
+from restms.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientScope,
+    NotFound,
+    ServiceUnavailable,
+)
 
 from . import durability, http, oauth, spill
 from .authn import AUTH, PRINCIPAL
@@ -51,6 +59,7 @@ PIPES_PATH = "/admin/pipes"
 STATS_PATH = "/admin/stats"
 CLIENTS_PATH = "/admin/clients"
 MAX_SCOPES = 64  # scopes in one client definition
+T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- who may
@@ -242,6 +251,15 @@ def _mirror(app: web.Application) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- clients
+async def _in_thread(call: Callable[..., T], *args: Any) -> T:
+    """A blocking file operation of the client store or revocation list, off the loop;
+    a disk that fails (full, read-only) is a retriable 503, not a 500."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except OSError as exc:
+        raise ServiceUnavailable(f"the OAuth files cannot be written: {exc.strerror}", 5) from exc
+
+
 def _clients(request: web.Request) -> ClientStore:
     _need_gateway_admin(request, "managing clients")
     store = request.app.get(oauth.CLIENTS)
@@ -254,7 +272,7 @@ async def list_clients(request: web.Request) -> web.Response:
     store = _clients(request)
     configured = {c.client_id for c in request.app[CONFIG].clients}
     try:
-        found = await asyncio.to_thread(store.clients)
+        found = await _in_thread(store.clients)
     except ValueError as exc:  # the file was damaged by hand
         raise Conflict(str(exc)) from exc
     shown = [
@@ -294,7 +312,7 @@ async def add_client(request: web.Request) -> web.Response:
     if client_id == GUEST:
         raise BadRequest(f"{GUEST!r} is the loopback guest: choose another client id")
     try:
-        secret = await asyncio.to_thread(store.add, client_id, scopes)
+        secret = await _in_thread(store.add, client_id, scopes)
     except ValueError as exc:  # taken, or configured
         raise Conflict(str(exc)) from exc
     location = f"{request.url.origin()}{CLIENTS_PATH}/{client_id}"
@@ -303,23 +321,32 @@ async def add_client(request: web.Request) -> web.Response:
 
 
 async def revoke_client(request: web.Request) -> web.Response:
-    """Remove the client, then record the revocation: its tokens are refused from now
-    on (a token request racing with the removal is covered by the margin of
-    :mod:`auth.revocations`)."""
+    """Record the revocation, remove the client, then record it again.
+
+    The first record comes before anything else changes, so a failure (503) leaves the
+    client as it was and a retry starts over; from then on its tokens are refused. The
+    second moves the time past the removal, so a token request that read the clients
+    file before the removal but signed after the first record is refused too.
+    """
     store = _clients(request)
     client_id = request.match_info["id"]
     if any(c.client_id == client_id for c in request.app[CONFIG].clients):
         raise Forbidden(f"client {client_id!r} is in the configuration file: remove it there")
+    revocations = request.app[AUTH].revocations
     try:
-        await asyncio.to_thread(store.remove, client_id)
+        known = await _in_thread(store.get, client_id)
+    except ValueError as exc:  # the file was damaged by hand
+        raise Conflict(str(exc)) from exc
+    if known is None or revocations is None:
+        raise NotFound(f"no client {client_id!r}")
+    await _in_thread(revocations.revoke, client_id)
+    try:
+        await _in_thread(store.remove, client_id)
     except KeyError:
-        raise NotFound(f"no client {client_id!r}") from None
+        pass  # removed meanwhile by someone else: revoked all the same
     except ValueError as exc:
         raise Conflict(str(exc)) from exc
-    revocations = request.app[AUTH].revocations
-    if revocations is None:  # there is a client store, so there is a built-in issuer
-        raise NotFound("this gateway runs no built-in authorization server (builtin_issuer)")
-    at = await asyncio.to_thread(revocations.revoke, client_id)
+    at = await _in_thread(revocations.revoke, client_id)
     return http.json_reply({"revoked": client_id, "at": at})
 
 

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from feeds.config import FeedConfig
+from gateway.keys import CONFIG
 from tests.app.oauth import JSON, As, clients, token
 from tests.app.process import ROOT, main_py
 from tests.conftest import Gateway, MakeGateway
@@ -379,3 +380,29 @@ async def test_admin_replies_match_the_openapi_schemas(make_gateway: MakeGateway
         async with live.gw.http.post("/admin/clients", json=body, headers=root.auth) as r:
             assert r.status == 400
             assert r.content_type == "text/plain"
+
+
+async def test_a_revocation_that_cannot_be_recorded_changes_nothing(
+    make_gateway: MakeGateway,
+) -> None:
+    live = await start(make_gateway)
+    root = await live.client("root")
+    added = {"client_id": "w", "scopes": ["restms:read"]}
+    async with live.gw.http.post("/admin/clients", json=added, headers=root.auth) as r:
+        assert r.status == 201
+        secret = (await r.json())["client_secret"]
+    worker = As.bearer(live.gw, await token(live.gw, "w", secret))
+    blocker = Path(live.gw.app[CONFIG].data_dir, "oauth", "revoked.json")
+    await asyncio.to_thread(blocker.mkdir)  # the list cannot be written over a directory
+    async with live.gw.http.delete("/admin/clients/w", headers=root.auth) as r:
+        assert r.status == 503
+        assert r.headers["Retry-After"] == "5"
+        assert "cannot be written" in await r.text()
+    status, reply, _ = await admin(root, "GET", "/admin/clients")
+    assert "w" in [c["client_id"] for c in reply["clients"]]
+    status, _, _ = await worker.call("GET", "/restms/domain/default")
+    assert status == 200
+    await asyncio.to_thread(blocker.rmdir)
+    assert await ok("clients", "revoke", "w", **live.env)
+    status, _, _ = await worker.call("GET", "/restms/domain/default")
+    assert status == 401
