@@ -95,7 +95,7 @@ async def test_http_cli_and_dashboard(
         clients=configured,
         analytics_master="local[2]",
         analytics_partitions=PARTITIONS,
-        analytics_stream_interval=60.0,  # the test syncs the job itself
+        analytics_stream_interval=1.0,  # sync() waits for the next trigger: keep it short
     )
     analyst = await token(gw, "analyst", secrets["analyst"])
     narrow = await token(gw, "narrow", secrets["narrow"])

@@ -43,7 +43,7 @@ def worker_config(root: Path) -> WorkerConfig:
         snapshot=str(root / "analytics" / "rolling.json"),
         master="local[2]",
         partitions=PARTITIONS,
-        interval=30.0,  # sync() runs the job on demand
+        interval=1.0,  # sync() waits for the next trigger: keep it short
         log_file=str(root / "analytics" / "worker.log"),
     )
 
