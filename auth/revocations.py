@@ -44,18 +44,20 @@ class Revocations:
         self.path = path
         self.keep = keep
         self._clock = clock
-        self._at: dict[str, float] = {}
+        # Read-only to others: replaced whole on each change, so a reader on the loop
+        # never sees one half-changed. Empty in the usual case: one truth test per token.
+        self.at: dict[str, float] = {}
         self._lock = threading.Lock()  # revocations written from worker threads
 
     def __len__(self) -> int:
-        return len(self._at)
+        return len(self.at)
 
     def refuses(self, client_id: str | None, issued: float | None) -> bool:
         """Whether a token of the built-in issuer for ``client_id`` issued at ``issued``
         (its ``iat``; None: unknown, refused) predates that client's revocation."""
-        if not self._at or client_id is None:
+        if not self.at or client_id is None:
             return False
-        revoked = self._at.get(client_id)
+        revoked = self.at.get(client_id)
         if revoked is None:
             return False
         return issued is None or issued <= revoked + MARGIN
@@ -82,7 +84,7 @@ class Revocations:
                 raise ValueError(f"the revocation list {self.path} is malformed")
             at[check_client_id(client_id)] = float(when)
         with self._lock:
-            self._at = self._pruned(at)
+            self.at = self._pruned(at)
 
     def revoke(self, client_id: str) -> float:
         """Record that ``client_id`` is revoked now, on disk before this returns
@@ -90,12 +92,12 @@ class Revocations:
         check_client_id(client_id)
         with self._lock:
             now = self._clock()
-            at = self._pruned({**self._at, client_id: now})
+            at = self._pruned({**self.at, client_id: now})
             if self.path is not None:
                 document = {"version": 1, "revoked": at}
                 self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
                 write_private(self.path, json.dumps(document, indent=2).encode() + b"\n")
-            self._at = at  # a new dict: readers on the loop never see one half-changed
+            self.at = at
         return now
 
     def _pruned(self, at: dict[str, float]) -> dict[str, float]:

@@ -129,7 +129,8 @@ class Authenticator:
                 ) from None
         revoked = self.revocations
         if (
-            revoked
+            revoked is not None
+            and revoked.at  # usually empty: no call on the hot path
             and claims.issuer == self.builtin
             and revoked.refuses(claims.subject, claims.issued)
         ):

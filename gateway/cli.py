@@ -136,12 +136,19 @@ class Api:
 
     def restms(self, method: str, path: str, document: object = None) -> tuple[int, Any]:
         """A RestMS request with a JSON document: (status, parsed reply or None)."""
+        status, _, reply = self.restms_reply(method, path, document)
+        return status, reply
+
+    def restms_reply(
+        self, method: str, path: str, document: object = None
+    ) -> tuple[int, Mapping[str, str], Any]:
+        """:meth:`restms` with the reply's headers."""
         body = None if document is None else json.dumps({"restms": document}).encode()
         headers = {"Accept": RESTMS_JSON}
         if body is not None:
             headers["Content-Type"] = RESTMS_JSON
-        status, _, data = self.send(method, path, body, headers)
-        return status, self._parse(method, path, data) if data.strip() else None
+        status, got, data = self.send(method, path, body, headers)
+        return status, got, self._parse(method, path, data) if data.strip() else None
 
     def _parse(self, method: str, path: str, data: bytes) -> Any:
         try:
@@ -321,14 +328,16 @@ def _joins(api: Api, args: argparse.Namespace) -> Out:
         spec = {"feed": f"{api.base}/restms/feed/{_name(args.feed)}", "address": args.address}
         if args.type:
             spec["type"] = args.type
-        status, _ = api.restms("POST", pipe, {"join": [spec]})
-        joins = _join_list(api, pipe)
-        made = next(
-            (j for j in joins if j["feed"] == args.feed and j["address"] == args.address), None
-        )
-        if made is None:
-            raise unreachable("the join was made but the pipe does not list it")
-        made["created"] = status == 201
+        status, headers, reply = api.restms_reply("POST", pipe, {"join": [spec]})
+        found = _children(reply, "join")
+        join = found[0] if found else {}
+        made = {
+            "uri": headers.get("Location"),
+            "feed": args.feed,
+            "type": join.get("type", ""),
+            "address": join.get("address", args.address),
+            "created": status == 201,
+        }
         verb = "created" if status == 201 else "exists already:"
         return Out(made, f"{verb} join {made['uri']}")
     joins = _join_list(api, pipe)

@@ -152,6 +152,8 @@ async def test_joins_of_own_pipe(make_gateway: MakeGateway) -> None:
     assert made["feed"] == "orders"
     assert made["address"] == "eu.#"
     assert made["created"] is True
+    again = await ok_json("joins", "add", pipe, "orders", "--address", "eu.#", **env)
+    assert again == {**made, "created": False}
     status, reply, _ = await root.call("GET", made["uri"])
     assert status == 200
     assert reply["restms"]["join"][0]["address"] == "eu.#"
