@@ -6,10 +6,11 @@ thing it looked at. Not ready when:
 
 * shutdown has begun (new requests would be refused anyway; the middleware answers
   503 before this handler once it has, this check covers the moment in between);
-* the store (``store = "sqlite"``) has no writer thread, its last transaction failed
-  and none has succeeded since, or a test transaction (an empty one: no page is
-  written) is not committed within ``ready_commit_timeout`` seconds: publishes of
-  persistent messages would fail or hang;
+* the store (``store = "sqlite"``) has no writer thread, or a test transaction (an
+  empty one: no page is written) fails or is not committed within
+  ``ready_commit_timeout`` seconds: publishes of persistent messages would fail or
+  hang. The probe is also how a store whose last transaction failed shows that it
+  commits again;
 * with ``ready_needs_bridges``, a bridge whose link is not ``up``.
 
 Bridges do not decide by default: a broker or peer that is away does not stop the
@@ -43,11 +44,14 @@ class Probe:
         self._running: asyncio.Task[str] | None = None
 
     async def store(self, store: Store, timeout: float) -> str:
-        """ "" when the store commits within ``timeout`` seconds, else why not."""
+        """ "" when the store commits within ``timeout`` seconds, else why not.
+
+        A store whose last transaction failed is probed too: the probe committing is
+        what clears the failure (a gateway taken out of traffic would otherwise never
+        commit again to show it has recovered).
+        """
         if not store.running:
             return "store: not open"
-        if store.failing:
-            return f"store: the last transaction failed: {store.failing}"
         if self._running is None or self._running.done():
             self._running = asyncio.create_task(_commit(store, timeout), name="readyz-probe")
         return await asyncio.shield(self._running)
@@ -67,7 +71,8 @@ async def _commit(store: Store, timeout: float) -> str:
             await asyncio.shield(future)
     except TimeoutError:
         future.add_done_callback(_seen)  # it may still fail: retrieve that, quietly
-        return f"store: no commit within {timeout:g} s"
+        failed = f" (the last transaction failed: {store.failing})" if store.failing else ""
+        return f"store: no commit within {timeout:g} s{failed}"
     except StoreError as exc:
         return f"store: {exc}"
     return ""

@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 import bridges.config
 from feeds.store import FILE_NAME
+from gateway.keys import STORE
 from tests.app.oauth import clients, token
 from tests.conftest import Gateway, MakeGateway
 
@@ -84,6 +86,33 @@ async def test_not_ready_while_the_store_cannot_commit(
     # The writer gets the lock once it is released (within sqlite's busy timeout).
     status, lines = await ready(gw)
     assert (status, lines) == (200, ["ready", "store: committing"])
+
+
+async def test_a_failed_commit_is_counted_and_the_probe_shows_recovery(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    gw = await make_gateway(ready_commit_timeout=0.3, metrics_access="open")
+    store = gw.app[STORE]
+    async with Lock(tmp_path / "var" / FILE_NAME):
+        status, lines = await ready(gw)  # its test transaction waits for the lock ...
+        assert status == 503
+        deadline = time.monotonic() + 10  # ... until sqlite's busy timeout (5 s) ends it
+        while not store.failing:
+            assert time.monotonic() < deadline, "the store's transaction never failed"
+            await asyncio.sleep(0.05)
+        assert store.failures == 1
+        async with gw.http.get("/metrics") as r:
+            text = await r.text()
+        assert "restms_store_failing 1.0" in text.splitlines()
+        assert "restms_store_commit_failures_total 1.0" in text.splitlines()
+        status, lines = await ready(gw)
+        assert status == 503
+        assert lines[1] == "store: no commit within 0.3 s (the last transaction failed: " + (
+            "database is locked)"
+        )
+    status, lines = await ready(gw)  # the probe commits, which clears the failure
+    assert (status, lines) == (200, ["ready", "store: committing"])
+    assert not store.failing
 
 
 async def test_bridges_are_listed_and_decide_only_when_configured_to(
