@@ -14,7 +14,18 @@ from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.engine import Engine
 from feeds.store import Store
 
-from . import admin, analytics, bridging, metrics, mirroring, oauth, page, readiness, resources
+from . import (
+    admin,
+    analytics,
+    bridging,
+    metrics,
+    mirroring,
+    oauth,
+    page,
+    proxies,
+    readiness,
+    resources,
+)
 from .authn import AUTH, Authenticator, auth_context
 from .bridging import BRIDGES, bridges_context, make_registry
 from .config import Config
@@ -37,6 +48,7 @@ def build_app(config: Config) -> web.Application:
     app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
     app[IN_FLIGHT] = InFlight()
     app[AUTH] = Authenticator(config)
+    proxies.install(app, config.trusted_proxies)  # X-Forwarded-* (docs/OPERATIONS.md)
     if config.store == "sqlite":
         app[STORE] = Store(config.data_dir, synchronous=config.store_sync.upper())
     app[BRIDGES] = make_registry(app)

@@ -27,6 +27,7 @@ from restms.specs import MessageLimits
 from restms.webhook import WebhookLimits
 from restms.xmlcodec import CodecLimits
 
+from .proxies import parse_trusted
 from .webhook_guard import parse_allow, split_allow
 
 
@@ -133,6 +134,7 @@ class Config:
     max_waits_per_principal: int = 100  # asynclets, long-polls and streams open at once
     max_connections: int = 10_000  # open client connections in all
     max_connections_per_ip: int = 1000
+    trusted_proxies: str = ""  # whose X-Forwarded-* headers are believed (OPERATIONS.md)
     max_line_size: int = 8190  # bytes in the request line
     max_field_size: int = 8190  # bytes in one header
     max_headers: int = 100  # headers in one request
@@ -284,6 +286,7 @@ class Config:
         if len(set(names)) != len(names):
             raise ConfigError("two [[bridges]] have the same name")
         try:
+            parse_trusted(self.trusted_proxies)
             parse_allow(split_allow(self.webhook_allow))
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc

@@ -7,7 +7,9 @@ In this order, each a readable unit of its own:
 2. **Shutdown.** :meth:`gateway.shutdown.InFlight.admit` answers 503 once shutdown has
    begun and otherwise counts the request as in flight until its reply is made; once
    shutdown has begun, every reply closes its connection (``Connection: close``).
-3. **Who.** :func:`gateway.authn.authenticate` gives the request its principal, or
+3. **Who.** :func:`gateway.proxies.relayed` takes the client's address, scheme and
+   host from a trusted proxy's ``X-Forwarded-*`` headers (when ``trusted_proxies``
+   names any); then :func:`gateway.authn.authenticate` gives the request its principal, or
    answers 401 or 429.
 4. **Counting.** The reply's route, method, status and duration go to
    :meth:`gateway.metrics.Requests.record` (plain dict counts, read by ``GET /metrics``).
@@ -32,6 +34,7 @@ from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, Too
 from .authn import AUTH, authenticate
 from .keys import ENGINE
 from .metrics import REQUESTS
+from .proxies import PROXIES, relayed
 from .shutdown import IN_FLIGHT
 
 log = logging.getLogger(__name__)
@@ -52,6 +55,9 @@ async def gateway(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         task = in_flight.admit(engine, request)
         try:
+            proxies = app.get(PROXIES)
+            if proxies is not None:  # the client's address, scheme and host, as relayed
+                request = relayed(request, proxies)
             await authenticate(request, app[AUTH])
             response = await handler(request)
         finally:
