@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+import trustme
 import yaml
 
 from feeds.config import FeedConfig
@@ -408,3 +410,36 @@ async def test_a_revocation_that_cannot_be_recorded_changes_nothing(
     assert await ok("clients", "revoke", "w", **live.env)
     status, _, _ = await worker.call("GET", "/restms/domain/default")
     assert status == 401
+
+
+async def test_https_with_a_private_ca(make_gateway: MakeGateway, tmp_path: Path) -> None:
+    """``--cacert`` verifies an https:// gateway against the operator's CA; without it
+    the system's CAs do not know the certificate and nothing is sent (exit 3)."""
+    ca = trustme.CA()
+    leaf = ca.issue_cert("127.0.0.1")
+    cert, key, bundle = tmp_path / "server.pem", tmp_path / "server.key", tmp_path / "ca.pem"
+
+    def write() -> ssl.SSLContext:
+        for blob in leaf.cert_chain_pems:
+            blob.write_to_path(cert, append=True)
+        leaf.private_key_pem.write_to_path(key)
+        ca.cert_pem.write_to_path(bundle)
+        trusting = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ca.configure_trust(trusting)
+        return trusting
+
+    trusting = await asyncio.to_thread(write)
+    configured, secrets = await clients(root="restms:admin")
+    gw = await make_gateway(
+        clients=configured,
+        oauth_issuer=ISS,
+        tls_cert=str(cert),
+        tls_key=str(key),
+        client_ssl=trusting,
+    )
+    env = {"RESTMS_URL": gw.url, "RESTMS_CLIENT_ID": "root"}
+    env["RESTMS_CLIENT_SECRET"] = secrets["root"]
+    assert gw.url.startswith("https://")
+    stats = await ok_json("stats", "--cacert", str(bundle), **env)
+    assert stats["store"] == "sqlite"
+    await fails(3, "CERTIFICATE_VERIFY_FAILED", "stats", **env)
