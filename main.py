@@ -38,7 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("name", help="client id: 1 to 64 of A-Z a-z 0-9 . _ -")
     add.add_argument("--scopes", required=True, help='space-separated, e.g. "restms:read"')
     client_verbs.add_parser("list", help="list client ids and their scopes")
-    remove = client_verbs.add_parser("remove", help="remove a client (its tokens live on)")
+    remove = client_verbs.add_parser(
+        "remove", help="remove a client (its tokens live on: see clients revoke)"
+    )
     remove.add_argument("name")
     for action in client_verbs.choices.values():
         action.add_argument("--data-dir", help="data directory (default ./var)")
@@ -138,7 +140,10 @@ def _client(args: argparse.Namespace) -> int:
                 store.remove(args.name)
             except KeyError:
                 raise ValueError(f"no client {args.name!r} in {store.path}") from None
-            print(f"removed client {args.name}; tokens it holds stay valid until they expire")
+            print(
+                f"removed client {args.name}; tokens it holds stay valid until they expire"
+                " (main.py clients revoke on a running gateway also refuses them)"
+            )
         else:
             clients = store.clients()
             for client in clients:
