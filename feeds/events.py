@@ -141,7 +141,7 @@ class Events:
         self._busy = False
         self.coalescer = Coalescer(interval, mono)
         self.sent = 0  # events routed
-        self.dropped = 0  # events not made: raised while routing one, or too many keys
+        self.dropped = 0  # events not made because they were raised while routing one
 
     @property
     def name(self) -> str:
@@ -208,8 +208,8 @@ class Events:
             if isinstance(value, str) and key in HEADER_FIELDS:
                 headers.append((key, value))
         document["details"] = details
-        text = orjson.dumps(document).decode()
-        content = EmbeddedContent(type=JSON, value=text)
+        raw = orjson.dumps(document)
+        content = EmbeddedContent(type=JSON, value=raw.decode())
         spec = MessageSpec(
             address=address,
             props=(
@@ -222,7 +222,7 @@ class Events:
         )
         self._busy = True
         try:
-            self._route(self.feed, spec, (content,), now, False, len(text))
+            self._route(self.feed, spec, (content,), now, False, len(raw))
         finally:
             self._busy = False
         self.sent += 1
@@ -231,7 +231,7 @@ class Events:
     def feed_event(self, what: str, feed: Feed, reason: str | None = None) -> None:
         if feed is self.feed or not self.listening():
             return
-        details: dict[str, Value] = {"type": feed.type or "fanout", "private": feed.name is None}
+        details: dict[str, Value] = {"type": feed.type, "private": feed.name is None}
         if reason is not None:
             details["reason"] = reason
         self.emit(f"feed.{what}", feed_label(feed), feed.owner or None, feed.domain.name, details)
