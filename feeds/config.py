@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from restms.errors import BadRequest
@@ -147,3 +148,23 @@ class Counters:
     hook_delivered: int = 0  # webhook deliveries the receiver took (2xx)
     hook_failed: int = 0  # webhook attempts that failed (tried again later)
     hook_dead: int = 0  # webhook messages given up on (dead-lettered or discarded)
+
+
+# Upper bounds (seconds) of the delivery latency histogram: from a message's arrival in
+# its pipe to a copy of it handed to a reader.
+LATENCY_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 3600.0)
+
+
+class Latency:
+    """A histogram in plain ints (one thread writes it, a scrape reads it): a bisect and
+    two additions an observation, no lock."""
+
+    __slots__ = ("counts", "total")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS) + 1)  # the last: above every bound
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(LATENCY_BOUNDS, seconds)] += 1
+        self.total += seconds

@@ -43,7 +43,7 @@ from typing import Any
 
 from restms.specs import JoinSpec, PipeOptions
 
-from .config import EngineConfig
+from .config import EngineConfig, Latency
 from .delivery import Delivery
 from .events import Events, feed_label
 from .mirroring import address as shown_address
@@ -71,6 +71,7 @@ class Engine(Delivery):
         # (acknowledged or moved messages) are skipped when they come up.
         self._leases: list[tuple[float, int, Pipe, Message]] = []
         self._tick = itertools.count()
+        self.latency = Latency()  # from arrival in a pipe to each delivery (GET /metrics)
         name = self.config.system_feed
         if name:
             self.events = Events(
@@ -242,6 +243,7 @@ class Engine(Delivery):
         """A copy of the message was handed to a reader: counted, and mirrored as
         "deliver" when the mirror is on."""
         self.counters.delivered += 1
+        self.latency.observe(max(0.0, self._wall() - message.arrived))
         if self.mirror is not None:
             self.mirrored("deliver", pipe, message, outcome, latency=True)
 

@@ -53,6 +53,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 
 from bridges.base import STATES
+from feeds.config import LATENCY_BOUNDS, Latency
 from feeds.engine import Census
 from restms.errors import InsufficientScope, RestMSError, TooManyRequests, Unauthorized
 
@@ -128,10 +129,7 @@ class Requests:
             template = _template(route)
             for status, count in sorted(entry.statuses.items()):
                 total.add_metric((template, method, str(status)), count)
-            running, buckets = 0, []
-            for bound, count in zip((*BUCKETS, float("inf")), entry.buckets, strict=True):
-                running += count
-                buckets.append((_bound(bound), running))
+            buckets = _cumulative(BUCKETS, entry.buckets)
             duration.add_metric((template, method), buckets, entry.seconds)
         refused = _labelled(CounterMetricFamily, "restms_auth_failures", "reason")
         for reason, count in self.refusals.items():
@@ -201,6 +199,7 @@ class Gauges(Collector):
         counters = dataclasses.asdict(engine.counters)
         for field, (name, text) in ENGINE_COUNTERS.items():
             yield CounterMetricFamily(name, text, value=counters[field])
+        yield _latency(engine.latency)
         yield from _census(engine.census())
         yield _gauge("restms_webhook_pipes", "Webhook pipes", len(engine.hooks))
         yield from self._store()
@@ -300,6 +299,25 @@ HELP = {
 
 def _labelled(kind: type[_F], name: str, *labels: str) -> _F:
     return kind(name, HELP[name], labels=labels)
+
+
+def _latency(latency: Latency) -> HistogramMetricFamily:
+    return HistogramMetricFamily(
+        "restms_delivery_latency_seconds",
+        "From a message's arrival in its pipe to each copy handed to a reader (a "
+        "redelivery counts again, from the same arrival)",
+        buckets=_cumulative(LATENCY_BOUNDS, latency.counts),
+        sum_value=latency.total,
+    )
+
+
+def _cumulative(bounds: tuple[float, ...], counts: list[int]) -> list[tuple[str, float]]:
+    """Per-bucket counts (the last above every bound) as Prometheus' cumulative ones."""
+    running, buckets = 0, []
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+        running += count
+        buckets.append((_bound(bound), float(running)))
+    return buckets
 
 
 def _gauge(name: str, text: str, value: float) -> GaugeMetricFamily:

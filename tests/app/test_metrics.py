@@ -85,6 +85,11 @@ async def test_counters_move_by_exactly_the_traffic(make_gateway: MakeGateway) -
     assert delta(before, after, "restms_messages_routed_total") == 3
     assert delta(before, after, "restms_messages_delivered_total") == 2
     assert delta(before, after, "restms_messages_acknowledged_total") == 2
+    latency = "restms_delivery_latency_seconds"
+    assert delta(before, after, latency + "_count") == 2
+    assert delta(before, after, latency + "_bucket", le="+Inf") == 2
+    assert delta(before, after, latency + "_bucket", le="3600.0") == 2  # not an hour old
+    assert 0 <= delta(before, after, latency + "_sum") < 60
     assert value(after, "restms_pipe_messages") == 1  # the third, still held
     assert value(after, "restms_pipe_depth_max") == 1
     assert value(after, "restms_pipes", type="default") == 1
