@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import json
 import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -182,6 +183,21 @@ async def test_a_headers_system_feed_selects_on_the_events_headers(
     assert gone.address == "pipe.deleted"
     assert gone.headers["object"] == sha(pipe["name"])
     await watcher.none()  # nothing else: not the join's own event, not pipe.created
+
+
+async def test_a_watcher_stays_joined_across_a_restart(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    data = str(tmp_path / "kept")
+    first = await make_gateway(data_dir=data)
+    watcher = await Watcher.start(first, "pipe.created")
+    await first.stop()
+    second = await make_gateway(data_dir=data)
+    watcher.gw = second
+    watcher.pipe["uri"] = watcher.pipe["uri"].replace(first.url, second.url)  # a new port
+    pipe = await new_pipe(second)
+    made = await watcher.event("pipe.created")
+    assert made.headers["object"] == sha(pipe["name"])
 
 
 # ---------------------------------------------------------------- feeds, pipes, joins
