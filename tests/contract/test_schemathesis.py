@@ -59,8 +59,6 @@ from auth.clients import Client, hash_secret
 from gateway.config import Config
 from tests.conftest import serve
 
-pytestmark = [pytest.mark.contract, pytest.mark.timeout(300)]
-
 # Generated requests per operation and generation mode (valid, invalid), without and
 # with path parameters that name resources; CONTRACT_EXAMPLES scales both for a deeper
 # run by hand (docs/API.md).
@@ -69,6 +67,7 @@ EXAMPLES = max(1, round(8 * SCALE))
 EXAMPLES_ON_RESOURCES = max(1, round(20 * SCALE))
 REQUEST_TIMEOUT = 10.0  # seconds a request may take (waits end after max_wait)
 BUDGET = 200.0 * SCALE  # seconds the run may take (about 40 on two idle cores); then it fails
+pytestmark = [pytest.mark.contract, pytest.mark.timeout(BUDGET + 100)]
 CHECK_NAMES = (
     "status_code_conformance",
     "content_type_conformance",
