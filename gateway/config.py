@@ -285,6 +285,9 @@ class Config:
         names = [b.name for b in self.bridges]
         if len(set(names)) != len(names):
             raise ConfigError("two [[bridges]] have the same name")
+        for bridge in self.bridges:  # events are the gateway's alone (docs/EVENTS.md)
+            if self.system_feed and bridge.direction == "in" and bridge.feed == self.system_feed:
+                raise ConfigError(f"bridge {bridge.name!r} publishes into the system feed")
         try:
             parse_trusted(self.trusted_proxies)
             parse_allow(split_allow(self.webhook_allow))

@@ -149,6 +149,19 @@ async def test_nor_over_a_websocket(gw: Gateway) -> None:
     assert "system feed" in reply["reason"]
 
 
+async def test_no_bridge_publishes_into_the_system_feed(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(guest_scopes="restms:admin")
+    inbound = {"name": "in", "direction": "in", "urls": ["amqp://127.0.0.1:1"],
+               "feed": "restms.system", "source": "/queue/x"}  # fmt: skip
+    async with gw.http.post("/admin/bridges", json=inbound) as r:
+        assert r.status == 403
+        assert "system feed" in await r.text()
+    outbound = {**inbound, "direction": "out", "target": "/queue/x", "address": "#"}
+    del outbound["source"]
+    async with gw.http.post("/admin/bridges", json=outbound) as r:
+        assert r.status == 201, await r.text()  # events may leave by a bridge
+
+
 async def test_joining_the_system_feed_needs_read_on_it(make_gateway: MakeGateway) -> None:
     gw = await make_gateway(guest_scopes="restms:subscribe restms:read:feed/other")
     pipe = await new_pipe(gw)

@@ -65,6 +65,16 @@ def test_domains_and_configured_feeds_come_from_toml(tmp_path: Path) -> None:
         ('dead_letter_feed = "a/b"\n', "dead_letter_feed: "),
         ('dead_letter_feed = "default"\n', "cannot be the default feed"),
         ("[[feeds]]\nbogus = 1\n", "bad [[feeds]] entry"),
+        ('system_feed = "a b"\n', "system_feed: "),
+        ('system_feed = "dead-letter"\n', "system_feed must be a feed of its own"),
+        ('system_feed_type = "fanout"\n', 'system_feed_type must be "topic" or "headers"'),
+        ("events_interval = 0\n", "events_interval must be positive"),
+        ('[[feeds]]\nname = "restms.system"\n', "is the system feed"),
+        (
+            '[[bridges]]\nname = "in"\ndirection = "in"\nurls = ["amqp://127.0.0.1:1"]\n'
+            'feed = "restms.system"\nsource = "/queue/x"\n',
+            "publishes into the system feed",
+        ),
         ("port = \n", "not valid TOML"),
     ],
 )
