@@ -29,8 +29,9 @@ from feeds.model import Blob, Part
 from restms.document import NOT_XML
 from restms.errors import RestMSError
 from restms.specs import EmbeddedContent, MessageLimits, MessageSpec, build_message
+from tests.examples import examples
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 LIMITS = MessageLimits()
 TEXT = EmbeddedContent(type="text/plain", value="hello")
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from restms import Format, RestMSError, decode, fastpath, specs
 from restms.xmlcodec import CodecLimits
+from tests.examples import examples
 
 LIMITS = specs.MessageLimits(max_messages=5, max_headers=3, max_contents=3)
 CODEC = CodecLimits(max_depth=4, max_elements=40)
@@ -119,13 +120,13 @@ def _xml(doc: dict) -> bytes:  # type: ignore[type-arg]
     return etree.tostring(root)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_json_fast_path_agrees_with_the_generic_path(doc: dict) -> None:  # type: ignore[type-arg]
     _check(json.dumps({"restms": doc}).encode(), Format.JSON)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents)
 def test_xml_fast_path_agrees_with_the_generic_path(doc: dict) -> None:  # type: ignore[type-arg]
     _check(_xml(doc), Format.XML)

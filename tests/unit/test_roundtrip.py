@@ -17,8 +17,9 @@ from hypothesis import strategies as st
 
 from restms import Document, Element, parse_json, parse_xml, to_json, to_xml
 from restms.document import grouped
+from tests.examples import examples
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 
 TAGS = ("feed", "pipe", "join", "message", "header", "content", "domain", "profile")
 # Property names never equal a child type (J4), and "value" on <content> is its text (J5).

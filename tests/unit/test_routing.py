@@ -19,6 +19,7 @@ from feeds.routing import (
     words,
 )
 from restms.errors import BadRequest
+from tests.examples import examples
 
 
 def topic(pattern: str, address: str) -> bool:
@@ -111,7 +112,7 @@ WORDS = st.sampled_from(["a", "b", "c", ""])
 PATTERN_WORDS = st.sampled_from(["a", "b", "c", "*", "#"])
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(st.lists(PATTERN_WORDS, max_size=6), st.lists(WORDS, max_size=7))
 def test_F5_topic_match_agrees_with_a_reference(pattern: list[str], address: list[str]) -> None:
     assert topic_match(tuple(pattern), tuple(address)) is reference(tuple(pattern), tuple(address))

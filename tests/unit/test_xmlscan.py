@@ -17,6 +17,7 @@ from lxml import etree
 from restms import RestMSError
 from restms.xmlcodec import local_tag, parse_root
 from restms.xmlscan import MAX_BODY, Scanned, scan
+from tests.examples import examples
 
 
 def _lxml_view(body: bytes) -> list[tuple[dict[str, str], list[dict[str, str]], list[tuple]]]:
@@ -200,7 +201,7 @@ def documents(draw: st.DrawFn) -> bytes:
 
 
 # ---------------------------------------------------------------- the tests
-@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(1500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(documents())
 def test_recogniser_answers_only_what_lxml_says(body: bytes) -> None:
     try:

@@ -33,8 +33,9 @@ from restms.specs import (
     MessageSpec,
     build_message,
 )
+from tests.examples import examples
 
-SETTINGS = settings(max_examples=200, deadline=None)
+SETTINGS = settings(max_examples=examples(200), deadline=None)
 LIMITS = MessageLimits()
 MAX = 1 << 20
 
