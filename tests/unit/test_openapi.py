@@ -155,3 +155,41 @@ def test_security_schemes_match_the_gateway() -> None:
     assert sorted(spec["security"], key=str) == sorted(
         [{name: []} for name in schemes] + [{}], key=str
     )
+
+
+def _resolved(spec: dict[str, Any], node: Any) -> Any:
+    while isinstance(node, dict) and "$ref" in node:
+        target: Any = spec
+        for part in node["$ref"][2:].split("/"):
+            target = target[part]
+        node = target
+    return node
+
+
+def test_restms_documents_are_described_in_both_media_types() -> None:
+    spec = _spec()
+    both = {"application/restms+xml", "application/restms+json"}
+    for path, verb, operation in _operations(spec):
+        if not path.startswith("/restms/"):
+            continue
+        if "requestBody" in operation:
+            body = _resolved(spec, operation["requestBody"])
+            assert both <= set(body["content"]), (path, verb)
+        for status, reply in operation["responses"].items():
+            content = set(_resolved(spec, reply).get("content", {}))
+            if status.startswith("2") and content:
+                assert both <= content, (path, verb, status)
+
+
+def test_every_error_is_described_as_text_plain() -> None:
+    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400 and 401
+    (RFC 6749 section 5.2: JSON)."""
+    spec = _spec()
+    for path, verb, operation in _operations(spec):
+        for status, reply in operation["responses"].items():
+            if status[0] not in "45":
+                continue
+            content = set(_resolved(spec, reply).get("content", {}))
+            rfc6749 = path == TOKEN_PATH and status in ("400", "401")
+            expected = {"application/json"} if rfc6749 else {"text/plain"}
+            assert content == expected, (path, verb, status, content)
