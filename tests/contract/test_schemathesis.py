@@ -3,8 +3,9 @@
 Decided behaviour under test (docs/API.md, "The contract test"): for every operation
 of ``GET /openapi.json``, as served by a real gateway on 127.0.0.1, requests that
 schemathesis generates from the description (valid ones and, for operations with
-something to break, invalid ones), made as an ``restms:admin`` client, as the loopback
-guest (no credentials) and with a refused bearer token, get
+something to break, invalid ones), made as an ``restms:admin`` client (bearer token),
+as the loopback guest (no credentials, and HTTP Basic ``guest``/``guest``) and with a
+refused bearer token, get
 
 * no 5xx answer;
 * a status the operation documents;
@@ -196,6 +197,7 @@ def test_every_operation_answers_as_described(tmp_path: Path) -> None:
         callers = {
             "admin": {"Authorization": f"Bearer {admin_token(url)}"},
             "guest": {},
+            "basic": {"Authorization": "Basic " + base64.b64encode(b"guest:guest").decode()},
             "refused": {"Authorization": "Bearer not-a-token"},
         }
         schema = schemathesis.openapi.from_url(url + "/openapi.json")
