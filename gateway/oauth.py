@@ -33,6 +33,8 @@ from auth.issuer import (
     parse_token_request,
 )
 
+from .keys import ENGINE
+
 log = logging.getLogger(__name__)
 
 ISSUER = web.AppKey("oauth_issuer", Issuer)
@@ -71,6 +73,9 @@ async def token(request: web.Request) -> web.Response:
         if client is None:
             # not the id sent: a client that swapped id and secret would log its secret
             log.info("token refused: bad client credentials", extra={"peer": request.remote})
+            events = request.app[ENGINE].events
+            if events is not None:  # auth.failed, coalesced with the others of its scheme
+                events.auth_failed("client", request.remote, "unknown client or wrong secret")
             raise InvalidClient("unknown client or wrong secret")
         reply = request.app[ISSUER].token(client, wanted.scope)
     except OAuthError as exc:

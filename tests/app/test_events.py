@@ -8,6 +8,7 @@ AMQP bridge to a port nothing listens on and real ZeroMQ sockets; no broker need
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import json
 import socket
@@ -440,3 +441,26 @@ async def test_auth_failures_are_rate_limited(make_gateway: MakeGateway) -> None
     for event in (first, rest):
         assert token not in event.raw
     await watcher.none(0.6)
+
+
+async def test_refused_token_requests_are_auth_failures_too(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(events_interval=2.0, sweep_interval=0.05)
+    watcher = await Watcher.start(gw, "auth.failed")
+    secret = "a-guessed-secret"
+    basic = base64.b64encode(f"nobody:{secret}".encode()).decode()
+    for _ in range(3):
+        async with gw.http.post(
+            "/oauth/token",
+            data={"grant_type": "client_credentials"},
+            headers={"Authorization": f"Basic {basic}"},
+        ) as r:
+            assert r.status == 401
+    first = await watcher.event("auth.failed")
+    assert (first.headers["object"], first.headers["scheme"]) == ("client", "client")
+    assert (first.details["count"], first.details["peer"]) == (1, "127.0.0.1")
+    assert first.details["reason"] == "unknown client or wrong secret"
+    rest = await watcher.event("auth.failed")
+    assert rest.details["count"] == 2
+    for event in (first, rest):
+        assert secret not in event.raw
+        assert "nobody" not in event.raw  # a client id may be a secret pasted in its place
