@@ -10,11 +10,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.app.jsonapi import AJ, DOMAIN, HJ, JSON, body, get, new_pipe, publish
 from tests.app.oauth import clients, token
 from tests.conftest import Gateway, MakeGateway
+
+pytestmark = pytest.mark.app
 
 FEED = "/restms/feed/default"  # routes on the address: a pipe's name
 RESOURCE = "/restms/resource/{name}"
@@ -133,6 +136,15 @@ async def test_waiting_requests_are_counted_by_kind(make_gateway: MakeGateway) -
     status, _ = await read
     assert status == 200
     await until(lambda: waiting("asynclet", 0), "the asynclet to end")
+
+    async with gw.http.get(pipe["uri"], headers={"Accept": "text/event-stream"}) as sse:
+        assert sse.status == 200
+        await until(lambda: waiting("sse", 1), "the SSE reader to be counted")
+        async with gw.http.ws_connect(pipe["uri"]) as socket:
+            await until(lambda: waiting("websocket", 1), "the WebSocket to be counted")
+            await socket.close()
+        await until(lambda: waiting("websocket", 0), "the WebSocket to end")
+    await until(lambda: waiting("sse", 0), "the SSE reader to end")
 
 
 async def test_a_refusal_is_counted_as_an_auth_failure(make_gateway: MakeGateway) -> None:

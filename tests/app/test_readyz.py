@@ -8,11 +8,15 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import bridges.config
 from feeds.store import FILE_NAME
 from gateway.keys import STORE
 from tests.app.oauth import clients, token
 from tests.conftest import Gateway, MakeGateway
+
+pytestmark = pytest.mark.app
 
 NOWHERE = "amqp://127.0.0.1:1"  # refuses connections: the bridge never gets "up"
 
