@@ -109,6 +109,7 @@ class Core(Placement):
         # deleted. Their delivery state changed since the last journal is written lazily.
         self.hooks: dict[str, Pipe] = {}
         self.on_hook: Callable[[Pipe], None] | None = None
+        self._routed: list[Pipe] | None = None  # copies placed by the publish under way
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.

@@ -17,7 +17,7 @@ from restms.uris import split_path
 
 from .core import Core, alive
 from .dedup import DedupWindow
-from .mirroring import emit_feed, emit_publish
+from .mirroring import emit_feed, emit_publish, emit_request
 from .model import (
     Blob,
     Feed,
@@ -69,27 +69,58 @@ class Delivery(Core):
                 )
         elif self._rejecting:
             self._check_room(feed, messages, repeats)
-        claimed = self._claim_contents(feed, messages, repeats, owner)
+        claimed, linked = self._claim_contents(feed, messages, repeats, owner)
         now, mono = self._wall(), self._mono() if ids else 0.0
         counts: list[int] = []
         route = self._route
-        for index, spec in enumerate(messages):
-            if repeats and index in repeats:
-                assert window is not None
-                assert ids is not None
-                counts.append(Duplicate(window.get(ids[index] or "", mono) or 0))
-                continue
-            parts, size = claimed[index]
-            count = route(feed, spec, parts, now, persistent(spec) if spec.props else False, size)
-            counts.append(count)
-            message_id = ids[index] if ids else None
-            if message_id:
-                assert window is not None
-                window.add(message_id, count, mono)
+        # With the mirror on, the copies of a batch are collected (``_deliver``) and
+        # mirrored with the publish as one request record (feeds.mirroring); one
+        # message makes its two events as tuples, which costs less than a record.
+        routes: list[int] | None = None
+        routed: list[Pipe] | None = None
+        if self.mirror is not None and len(messages) > 1:
+            routes = []
+            routed = self._routed = []
+        try:
+            for index, spec in enumerate(messages):
+                if routed is not None:
+                    routes.append(len(routed))  # type: ignore[union-attr]  # set with routed
+                if repeats and index in repeats:
+                    assert window is not None
+                    assert ids is not None
+                    counts.append(Duplicate(window.get(ids[index] or "", mono) or 0))
+                    continue
+                parts, size = claimed[index]
+                durable = persistent(spec) if spec.props else False
+                count = route(feed, spec, parts, now, durable, size)
+                counts.append(count)
+                message_id = ids[index] if ids else None
+                if message_id:
+                    assert window is not None
+                    window.add(message_id, count, mono)
+        finally:
+            if routed is not None:
+                self._routed = None
         self.counters.published += len(messages) - len(repeats)
         self.counters.duplicates += len(repeats)
         if self.mirror is not None:
-            emit_publish(self.mirror, now, feed, messages, counts, owner)
+            if routes is None or routed is None:
+                emit_publish(self.mirror, now, feed, messages, counts, owner)
+            else:
+                known = ids if self.config.dedup_window else _message_ids(messages)
+                emit_request(
+                    self.mirror,
+                    now,
+                    feed,
+                    messages,
+                    counts,
+                    owner,
+                    known,
+                    claimed,
+                    linked,
+                    routed,
+                    routes,
+                )
         return counts
 
     def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
@@ -179,9 +210,11 @@ class Delivery(Core):
         messages: Sequence[MessageSpec],
         skip: AbstractSet[int],
         owner: str | None,
-    ) -> list[tuple[Parts, int]]:
+    ) -> tuple[list[tuple[Parts, int]], bool]:
         """M8-M10: check every reference first; only then use the staged contents up.
-        Each message's parts and their size in bytes, as pipe limits count them.
+        Each message's parts and their size in bytes, as pipe limits count them, and
+        whether any staged content was used (then some sizes count more than the
+        message's embedded contents).
 
         A message that links no staged content delivers its spec's own contents.
         Repeated messages (``skip``) are not routed, so their references are not used.
@@ -216,7 +249,7 @@ class Delivery(Core):
             out.append((tuple(parts), content_size(parts)))
         for staged in claimed.values():
             self.delete_staged(staged)
-        return out
+        return out, bool(claimed)
 
     def _staged_at(self, path: str) -> StagedContent | None:
         where = split_path(path)

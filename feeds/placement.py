@@ -24,6 +24,7 @@ class Placement:
     held: int
     epoch: int
     mirror: Sink | None
+    _routed: list[Pipe] | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -50,7 +51,10 @@ class Placement:
             message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
         if self.mirror is not None:
-            emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
+            if self._routed is not None:  # a publish: mirrored with it, as one record
+                self._routed.append(pipe)
+            else:
+                emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)
 
     def _place(self, pipe: Pipe, message: Message, now: float) -> None:

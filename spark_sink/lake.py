@@ -6,7 +6,9 @@ Rows arrive in batches (:func:`serve` reads them from the gateway's writer threa
 :mod:`spark_sink.writer`) and are filed under the partition of their timestamp
 (``date=YYYY-MM-DD/hour=HH``). Each partition has at most one open file: rows wait
 in memory until ``batch_rows`` of them make one record batch, written as one Parquet
-row group.
+row group. A row is an event tuple, or one of the rows of a publish request's record
+(:data:`~spark_sink.schema.Request`): those are expanded into column lists with
+C-level list operations (:class:`RequestRows`) and converted a column at a time.
 
 A file is written under a hidden name (``.tmp-part-...``) and renamed to its final
 name once closed, so a reader listing the lake never sees half a file. It is closed
@@ -40,7 +42,20 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .schema import SCHEMA, TS, Event, part_name, partition, temporary
+from .schema import (
+    OK,
+    PUBLISH,
+    REQUEST,
+    ROUTE,
+    ROWS,
+    SCHEMA,
+    TS,
+    Event,
+    Request,
+    part_name,
+    partition,
+    temporary,
+)
 
 MAX_ERROR = 500  # characters of an error kept in the status
 STOP = "stop"  # the last request; any other string asks for a flush
@@ -85,10 +100,147 @@ def lake_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
+class _Codes:
+    """The distinct values of a column of few values, numbered as they come."""
+
+    __slots__ = ("numbers", "values")
+
+    def __init__(self, *values: str | None) -> None:
+        self.numbers: dict[str | None, int] = {}
+        self.values: list[str | None] = []
+        for value in values:
+            self.code(value)
+
+    def code(self, value: str | None) -> int:
+        number = self.numbers.get(value)
+        if number is None:
+            number = self.numbers[value] = len(self.values)
+            self.values.append(value)
+        return number
+
+    def take(self, codes: list[int | None]) -> pa.Array:
+        """The column whose rows have these codes (None: null)."""
+        return pc.take(pa.array(self.values, pa.string()), pa.array(codes, pa.int32()))
+
+
+class RequestRows:
+    """The rows of publish request records, in columns: what is the same for all the
+    rows of a request once per request (``owner`` says which request a row is of),
+    columns of few values as codes, addresses, ids and sizes as lists. Built with
+    list operations in C; a column at a time at the end (latency and bridge are null
+    in every row)."""
+
+    __slots__ = (
+        "address",
+        "event",
+        "message_id",
+        "outcome",
+        "outcomes",
+        "owner",
+        "pipe",
+        "pipes",
+        "principal",
+        "requests",
+        "rows",
+        "size",
+    )
+
+    def __init__(self) -> None:
+        self.rows = 0
+        self.requests: list[tuple[float, str, str, str, str | None]] = []
+        self.owner: list[int | None] = []  # the request of each row
+        self.principal: list[int | None] = []  # ... for publish rows only
+        self.event: list[int | None] = []  # 0 publish, 1 route
+        self.outcomes = _Codes(OK)
+        self.outcome: list[int | None] = []
+        self.pipes = _Codes()
+        self.pipe: list[int | None] = []
+        self.address: list[str | None] = []
+        self.message_id: list[str | None] = []
+        self.size: list[int] = []
+
+    def add(self, request: Request) -> None:
+        """The record's publish rows (one a message), then its route rows (one a copy
+        placed in a pipe), exactly as the events would have been."""
+        ts, _, rows, domain, feed, feed_type, principal, n, where, ids, sizes = request[:11]
+        outcome, pipes, routes, route_sizes = request[11:]
+        copies = rows - n
+        number = len(self.requests)
+        self.requests.append((ts, domain, feed, feed_type, principal))
+        self.rows += rows
+        self.owner += [number] * rows
+        self.principal += [number] * n
+        self.principal += [None] * copies
+        self.event += [0] * n
+        self.event += [1] * copies
+        code = self.outcomes.code
+        if isinstance(outcome, list):
+            self.outcome += [code(value) for value in outcome]
+        else:
+            self.outcome += [code(outcome)] * n
+        self.outcome += [0] * copies  # OK
+        self.pipe += [None] * n
+        if isinstance(pipes, list):
+            self.pipe += [self.pipes.code(pipe) for pipe in pipes]
+        else:
+            self.pipe += [self.pipes.code(pipes)] * copies
+        addresses = where if isinstance(where, list) else [where] * n
+        message_ids: list[str | None] = ids if ids is not None else [None] * n
+        self.address += addresses
+        self.message_id += message_ids
+        self.size += sizes
+        copied = route_sizes if route_sizes is not None else sizes
+        if routes is None:  # one copy of each message, in order
+            self.address += addresses
+            self.message_id += message_ids
+            self.size += copied
+            return
+        ends = [*routes[1:], copies]
+        which = [m for m in range(n) for _ in range(ends[m] - routes[m])]
+        self.address += [addresses[m] for m in which]
+        self.message_id += [message_ids[m] for m in which]
+        self.size += [copied[m] for m in which]
+
+    def batch(self) -> pa.RecordBatch:
+        owner = pa.array(self.owner, pa.int32())
+        per_request = [pa.array(column) for column in zip(*self.requests, strict=True)]
+        ts, domain, feed, feed_type = (pc.take(c, owner) for c in per_request[:4])
+        principal = pc.take(per_request[4].cast(pa.string()), pa.array(self.principal, pa.int32()))
+        events = _Codes(PUBLISH, ROUTE)
+        nulls = pa.nulls(self.rows)
+        columns = [
+            _timestamps(ts.cast(pa.float64())),
+            events.take(self.event),
+            domain.cast(pa.string()),
+            feed.cast(pa.string()),
+            feed_type.cast(pa.string()),
+            pa.array(self.address, pa.string()),
+            self.pipes.take(self.pipe),
+            pa.array(self.message_id, pa.string()),
+            pa.array(self.size, pa.int64()),
+            principal,
+            self.outcomes.take(self.outcome),
+            nulls.cast(SCHEMA.field("latency_ms").type),
+            nulls.cast(SCHEMA.field("bridge").type),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
 class _File:
     """One open data file of one partition."""
 
-    __slots__ = ("final", "fs", "opened", "rows", "sink", "tmp", "waiting", "writer")
+    __slots__ = (
+        "final",
+        "fs",
+        "opened",
+        "pending",
+        "requests",
+        "rows",
+        "sink",
+        "tmp",
+        "waiting",
+        "writer",
+    )
 
     def __init__(self, fs: pafs.FileSystem, directory: str, now: float) -> None:
         name = part_name(now)
@@ -97,17 +249,35 @@ class _File:
         self.tmp = f"{directory}/{temporary(name)}"
         self.opened = time.monotonic()
         self.rows = 0  # rows written into the file
-        self.waiting: list[Event] = []  # rows not yet in a record batch
+        self.waiting: list[Event] = []  # event rows not yet in a record batch
+        self.requests: RequestRows | None = None  # request rows not yet in one
+        self.pending = 0  # rows waiting, of both kinds
         fs.create_dir(directory, recursive=True)
         self.sink = fs.open_output_stream(self.tmp)
         self.writer = pq.ParquetWriter(self.sink, SCHEMA, use_dictionary=DICTIONARY)
 
+    def add(self, item: Event | Request) -> int:
+        """Keep one event or request record until the next write; the rows waiting."""
+        if item[1] == REQUEST:
+            if self.requests is None:
+                self.requests = RequestRows()
+            self.requests.add(item)  # type: ignore[arg-type]  # a Request by its mark
+            self.pending += item[ROWS]  # type: ignore[operator]
+        else:
+            self.waiting.append(item)  # type: ignore[arg-type]  # an Event
+            self.pending += 1
+        return self.pending
+
     def write(self) -> None:
-        """The waiting rows as one record batch (one row group)."""
-        rows, self.waiting = self.waiting, []
-        if rows:
-            self.writer.write_batch(record_batch(rows))
-            self.rows += len(rows)
+        """The waiting rows as one row group."""
+        events, requests = self.waiting, self.requests
+        self.waiting, self.requests, self.pending = [], None, 0
+        batches = [record_batch(events)] if events else []
+        if requests is not None and requests.rows:
+            batches.append(requests.batch())
+        if batches:
+            self.writer.write_table(pa.Table.from_batches(batches, schema=SCHEMA))
+            self.rows += sum(batch.num_rows for batch in batches)
 
     @property
     def size(self) -> int:
@@ -141,9 +311,14 @@ def record_batch(rows: list[Event]) -> pa.RecordBatch:
     converted as one struct array (one pass in C++ over the tuples), then ``ts`` from
     float seconds to microseconds."""
     batch = pa.RecordBatch.from_struct_array(pa.array(rows, type=ROW))
-    micros = pc.round(pc.multiply(batch.column(TS), 1_000_000))
-    ts = pc.cast(micros, pa.int64()).cast(TS_TYPE)
+    ts = _timestamps(batch.column(TS))
     return pa.RecordBatch.from_arrays([ts, *batch.columns[1:]], schema=SCHEMA)
+
+
+def _timestamps(seconds: pa.Array) -> pa.Array:
+    """Float seconds since the epoch as ``ts`` (microseconds, rounded half to even)."""
+    micros = pc.round(pc.multiply(seconds, 1_000_000))
+    return pc.cast(micros, pa.int64()).cast(TS_TYPE)
 
 
 class Lake:
@@ -164,24 +339,23 @@ class Lake:
     def open_files(self) -> int:
         return len(self._files)
 
-    def add(self, rows: list[Event]) -> None:
+    def add(self, items: list[Event | Request]) -> None:
         fs = self._filesystem()
         if fs is None:
-            self.counters.lost += len(rows)
+            self.counters.lost += rows(items)
             return
         batch = self.config.batch_rows
-        for event in rows:
-            directory = self._directory(event[TS])
+        for item in items:
+            directory = self._directory(item[TS])
             file = self._files.get(directory)
             if file is None:
                 try:
                     file = _File(fs[0], f"{fs[1]}/{directory}", time.time())
                 except FileErrors as exc:
-                    self._failed(exc, 1)
+                    self._failed(exc, rows([item]))
                     continue
                 self._files[directory] = file
-            file.waiting.append(event)
-            if len(file.waiting) >= batch:
+            if file.add(item) >= batch:
                 self._write(directory, file)
 
     def _directory(self, ts: float) -> str:
@@ -221,7 +395,7 @@ class Lake:
                     self._abandon(directory, file, exc)
 
     def _close(self, directory: str, file: _File) -> None:
-        rows = file.rows + len(file.waiting)
+        rows = file.rows + file.pending
         size = file.close()
         del self._files[directory]
         counters = self.counters
@@ -232,13 +406,19 @@ class Lake:
     def _abandon(self, directory: str, file: _File, exc: BaseException) -> None:
         self._files.pop(directory, None)
         file.abandon()
-        self._failed(exc, file.rows + len(file.waiting))
+        self._failed(exc, file.rows + file.pending)
 
     def _failed(self, exc: BaseException, rows: int) -> None:
         counters = self.counters
         counters.errors += 1
         counters.lost += rows
         counters.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+
+
+def rows(items: list[Event | Request]) -> int:
+    """The rows a batch of events and request records stands for."""
+    extra = [item[ROWS] for item in items if item[1] == REQUEST]
+    return len(items) - len(extra) + sum(extra)  # type: ignore[arg-type]  # ints by the mark
 
 
 def serve(conn: Connection, config: WriterConfig) -> None:

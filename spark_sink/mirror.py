@@ -3,21 +3,25 @@
 Theory of operation
 -------------------
 The engine calls :meth:`Mirror.offer` with one plain tuple per event
-(:data:`spark_sink.schema.Event`), on the event loop's thread. ``offer`` never waits,
-never raises and never takes a lock: it appends to a
-``collections.deque`` (whose ``append`` and ``popleft`` are safe between threads)
-unless the queue already holds ``queue`` events, in which case the event is dropped
-and counted. It does not wake the writer either (that would take a lock the writer
-may hold): the writer looks at the queue every ``poll_seconds`` and takes all of it.
+(:data:`spark_sink.schema.Event`), or one record for all the events of an accepted
+publish (:data:`spark_sink.schema.Request`, with the number of rows it stands for),
+on the event loop's thread. ``offer`` never waits, never raises and never takes a
+lock: it appends to a ``collections.deque`` (whose ``append`` and ``popleft`` are
+safe between threads) unless that would put more than ``queue`` events in it, in
+which case the events are dropped and counted (a request's all together). It does
+not wake the writer either (that would take a lock the writer may hold): the writer
+looks at the queue every ``poll_seconds`` and takes all of it.
 Publishing therefore costs the same whether the lake keeps up or not; what the lake
 misses shows in ``dropped``.
 
 A background thread (:class:`spark_sink.writer.Writer`) takes events off the queue
 and hands them to a writer process (:mod:`spark_sink.lake`), which turns them into
 Arrow record batches and writes Parquet files into the lake. Each counter is written
-by one thread only: ``dropped`` by the loop, the others by the writer thread
-(``taken`` as it takes events, ``written``, ``files``, ``bytes``, ``errors`` and
-``lost`` as the process reports them); ``emitted`` is their sum with what waits.
+by one thread only: ``offered`` (events queued) and ``dropped`` by the loop, the
+others by the writer thread (``taken`` as it takes events, ``written``, ``files``,
+``bytes``, ``errors`` and ``lost`` as the process reports them). What waits is
+``offered - taken`` (never less than the truth: the writer counts what it took
+after taking it), and ``emitted`` is ``offered + dropped``.
 
 When the mirror is off there is no :class:`Mirror` at all: the engine's sink is
 ``None`` and each emission point costs one ``is None`` test.
@@ -28,12 +32,11 @@ from __future__ import annotations
 import logging
 import urllib.parse
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .lake import WriterConfig
-from .schema import Event
+from .schema import Event, Request
 from .writer import Counters, Writer
 
 log = logging.getLogger(__name__)
@@ -67,7 +70,7 @@ class Mirror:
     def __init__(self, config: MirrorConfig) -> None:
         self.config = config
         self.counters = Counters()
-        self._queue: deque[Event] = deque()
+        self._queue: deque[Event | Request] = deque()
         self._capacity = config.queue
         self.sink = _offer(self._queue, config.queue, self.counters)
         self._writer = Writer(
@@ -82,11 +85,12 @@ class Mirror:
             self.counters,
         )
 
-    def offer(self, event: Event) -> None:
-        """Queue one event, or drop it (counted) when the queue is full. Never blocks:
-        the writer is not woken (that takes a lock), it looks every ``poll_seconds``.
-        The engine is given :attr:`sink`, the same thing made cheaper to call."""
-        self.sink(event)
+    def offer(self, item: Event | Request, rows: int = 1) -> None:
+        """Queue one event (or a request record of ``rows`` events), or drop it
+        (counted) when the queue has no room for it. Never blocks: the writer is not
+        woken (that takes a lock), it looks every ``poll_seconds``. The engine is given
+        :attr:`sink`, the same thing made cheaper to call."""
+        self.sink(item, rows)
 
     def start(self) -> None:
         self._writer.start()
@@ -107,7 +111,7 @@ class Mirror:
     def emitted(self) -> int:
         """Events the engine offered: taken by the writer, waiting, or dropped."""
         counters = self.counters
-        return counters.taken + len(self._queue) + counters.dropped
+        return counters.offered + counters.dropped
 
     def status(self) -> dict[str, Any]:
         """The counters and settings, as ``GET /admin/mirror`` shows them."""
@@ -116,7 +120,7 @@ class Mirror:
             "enabled": True,
             "lake": redact(self.config.lake),
             "queue": self._capacity,
-            "queued": len(self._queue),
+            "queued": counters.offered - counters.taken,
             "emitted": self.emitted,
             "dropped": counters.dropped,
             "written": counters.written,
@@ -131,17 +135,23 @@ class Mirror:
         }
 
 
-def _offer(queue: deque[Event], capacity: int, counters: Counters) -> Callable[[Event], None]:
-    """:meth:`Mirror.offer` as a closure (no attribute lookups): it is called for every
-    event on the event loop's thread. The writer counts what it takes, so ``emitted``
-    costs nothing here."""
+class Offer(Protocol):
+    """The sink's signature: one event, or a request record of ``rows`` events."""
+
+    def __call__(self, item: Event | Request, rows: int = 1, /) -> None: ...
+
+
+def _offer(queue: deque[Event | Request], capacity: int, counters: Counters) -> Offer:
+    """:meth:`Mirror.offer` as a closure (no attribute lookups but the counters): it is
+    called for every event on the event loop's thread."""
     append = queue.append
 
-    def offer(event: Event) -> None:
-        if len(queue) < capacity:
-            append(event)
+    def offer(item: Event | Request, rows: int = 1) -> None:
+        if counters.offered - counters.taken + rows <= capacity:
+            counters.offered += rows  # before the writer can take it: never negative
+            append(item)
         else:
-            counters.dropped += 1
+            counters.dropped += rows
 
     return offer
 

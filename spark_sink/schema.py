@@ -5,9 +5,10 @@ This module is the contract between the mirror that writes the lake
 It holds no state and imports nothing of the gateway.
 
 An event is one row. The engine hands the mirror a plain tuple in :data:`COLUMNS`
-order (``ts`` as wall-clock seconds since the epoch, a float): building a tuple is
-the cheapest thing the hot path can do, and the writer turns batches of them into
-Arrow record batches off the event loop's thread.
+order (``ts`` as wall-clock seconds since the epoch, a float), or for an accepted
+publish one :data:`Request` record that carries all its rows: building a tuple (or a
+few lists a request) is the cheapest thing the hot path can do, and the writer
+turns batches of them into Arrow record batches off the event loop's thread.
 
 Files live at ``<lake>/date=YYYY-MM-DD/hour=HH/part-<utc-start>-<random>.parquet``:
 Hive-style partition directories derived from ``ts`` in UTC, whose values (``date``
@@ -91,6 +92,33 @@ Event = tuple[
     float | None,  # latency_ms
     str | None,  # bridge
 ]
+
+
+# One publish request's events as one record (docs/ANALYTICS.md, "The mirror"): the
+# engine hands the mirror this instead of a tuple per event when a publish is
+# accepted, so the event loop builds a few lists per request, not two tuples per
+# message; the writer process expands it into exactly the rows the events would
+# have been. A column given as a list has one value per message; anything else is
+# the value of every message (or, for ``pipes``, of every route).
+REQUEST: Final = "+request"  # at index 1, where an event tuple has its event name
+Request = tuple[
+    float,  # ts: seconds since the epoch, wall clock (every row's)
+    str,  # REQUEST
+    int,  # rows: messages plus routes
+    str,  # domain
+    str,  # feed
+    str,  # feed_type
+    str | None,  # principal (of the publish rows; route rows have none)
+    int,  # n: messages
+    list[str | None] | str | None,  # address of each message
+    list[str | None] | None,  # message_id of each message
+    list[int],  # size of each message (its embedded contents)
+    list[str] | str,  # outcome of each publish row ("ok" or "duplicate")
+    list[str] | str | None,  # pipe of each route row (a digest)
+    list[int] | None,  # routes so far after each message; None: one route a message
+    list[int] | None,  # size of each message's routed copies; None: as ``size``
+]
+ROWS: Final = 2  # the position of rows in a request record
 
 
 def partition(ts: float) -> str:

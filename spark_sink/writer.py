@@ -32,7 +32,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from .lake import MAX_ERROR, STOP, WriterConfig, serve
-from .schema import Event
+from .lake import rows as count_rows
+from .schema import Event, Request
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ FLUSH = "flush"
 class Counters:
     """What the mirror did since it started (see :mod:`spark_sink.mirror`)."""
 
+    offered: int = 0  # events the engine queued
     taken: int = 0  # events the writer thread took off the queue
     dropped: int = 0  # events the engine offered when the queue was full: not kept
     written: int = 0  # rows in complete files in the lake
@@ -72,7 +74,9 @@ def _context() -> multiprocessing.context.ForkServerContext:
 class Writer:
     """The thread between the queue and the writer process."""
 
-    def __init__(self, config: WriterConfig, queue: deque[Event], counters: Counters) -> None:
+    def __init__(
+        self, config: WriterConfig, queue: deque[Event | Request], counters: Counters
+    ) -> None:
         self.config = config
         self._queue = queue
         self._counters = counters
@@ -127,18 +131,19 @@ class Writer:
 
     def _send_queued(self) -> None:
         queue = self._queue
-        rows = [queue.popleft() for _ in range(len(queue))]
-        if not rows:
+        items = [queue.popleft() for _ in range(len(queue))]
+        if not items:
             return
-        self._counters.taken += len(rows)
+        rows = count_rows(items)
+        self._counters.taken += rows
         conn = self._writer_process()
         if conn is None:
-            self._counters.lost += len(rows)
+            self._counters.lost += rows
             return
         try:
-            conn.send_bytes(marshal.dumps(rows))
+            conn.send_bytes(marshal.dumps(items))
         except (OSError, ValueError) as exc:
-            self._counters.lost += len(rows)
+            self._counters.lost += rows
             self._failed(f"cannot hand rows to the lake writer: {exc}")
 
     def _request(self, what: str) -> None:

@@ -19,18 +19,26 @@ import logging
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from feeds import Engine, EngineConfig
+from feeds.mirroring import emit_feed, emit_publish
+from feeds.model import Feed
+from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec
 from spark_sink import schema, writer
+from spark_sink.lake import RequestRows, record_batch
 from spark_sink.mirror import Mirror, MirrorConfig, redact
 from spark_sink.schema import Event
 
 WAIT = 10.0  # seconds a flush or stop may take at most
+OWNER = "alice"
 T0 = datetime.datetime(2026, 3, 4, 5, 59, 59, 250_000, tzinfo=datetime.UTC).timestamp()
 
 
@@ -271,3 +279,111 @@ def test_a_dead_writer_process_is_counted_and_replaced(tmp_path: Path) -> None:
     rows = read_lake(lake).to_pylist()
     assert {r["message_id"] for r in rows} >= {"id-1", "id-3"}
     assert mirror.status()["written"] == len(rows)
+
+
+# ---------------------------------------------------------------- publish request records
+def _published(
+    e: Engine, feed: Feed, messages: list[MessageSpec]
+) -> tuple[list[tuple[Any, ...]], list[Event]]:
+    """Publish through the engine with a sink that keeps what it is given (a request
+    record for a batch, two events for one message); that, and the events the same
+    publish means one by one (built with the per-event emitters from what the engine
+    holds afterwards)."""
+    items: list[tuple[Any, ...]] = []
+    e.mirror = lambda item, rows=1: items.append(item)
+    pipes = [p for p in e.pipes_of(OWNER)]
+    before = {p: set(p.messages) for p in pipes}
+    counts = e.publish(feed, messages, OWNER)
+    e.mirror = None
+    now = items[0][0]
+    expected: list[Event] = []
+    emit_publish(expected.append, now, feed, messages, counts, OWNER)
+    for pipe in pipes:
+        for seq, held in pipe.messages.items():
+            if seq not in before[pipe]:
+                emit_feed(
+                    expected.append, "route", now, feed, held.spec, held.size, None, pipe=pipe
+                )
+    if len(messages) > 1:
+        (record,) = items
+        assert record[1] == schema.REQUEST
+        assert record[schema.ROWS] == len(expected)
+    return items, expected
+
+
+def _rows(batch: pa.RecordBatch) -> Counter[tuple[Any, ...]]:
+    return Counter(tuple(row.values()) for row in batch.to_pylist())
+
+
+def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
+    """Duplicates, a staged content (whose route size counts it), two joins of one pipe
+    matching one message (one copy), messages no join matches, headers, a dead letter's
+    origin and the default feed (addresses shown as digests), a private feed."""
+    e = Engine(EngineConfig())
+    domain = e.domain("default")
+    orders, _ = e.create_feed(domain, FeedSpec(name="orders", type="topic"), OWNER)
+    private, _ = e.create_feed(domain, FeedSpec(name=None, type="fanout"), OWNER)
+    first = e.create_pipe(domain, PipeSpec(), OWNER)
+    second = e.create_pipe(domain, PipeSpec(), OWNER)
+    for pipe, address in ((first, "eu.*"), (first, "*.1"), (second, "#")):
+        e.create_join(pipe, JoinSpec(feed_path="/restms/feed/orders", address=address))
+    e.create_join(second, JoinSpec(feed_path=f"/restms/resource/{private.key}"))
+    staged = e.stage(orders, b"staged bytes", "text/plain", OWNER)
+    text = (EmbeddedContent(value=b"hello", type="text/plain"),)
+    cases = [
+        (
+            orders,
+            [
+                MessageSpec(address="eu.1", props=(("message_id", "a"),), contents=text),
+                MessageSpec(address="us.2", contents=text),
+                MessageSpec(address="eu.1", props=(("message_id", "a"),), contents=text),
+                MessageSpec(
+                    address="eu.3",
+                    contents=(*text, LinkedContent(path=f"/restms/resource/{staged.key}")),
+                ),
+                MessageSpec(address="x.y", headers=(("x-original-feed", "default"),)),
+            ],
+        ),
+        (orders, [MessageSpec(address="eu.9", contents=text)]),  # events: one message
+        (orders, [MessageSpec(address="eu.9"), MessageSpec(address="eu.8")]),  # two pipes
+        (orders, [MessageSpec(address="eu.1"), MessageSpec(address="eu.1")]),  # one address
+        (private, [MessageSpec(contents=text), MessageSpec(address="b")]),
+        (e.default_feed, [MessageSpec(address=first.key), MessageSpec(address="nobody")]),
+    ]
+    for feed, messages in cases:
+        items, expected = _published(e, feed, messages)
+        requests = RequestRows()
+        events = []
+        for item in items:
+            if item[1] == schema.REQUEST:
+                requests.add(item)  # type: ignore[arg-type]
+            else:
+                events.append(item)
+        found = _rows(record_batch(events))  # type: ignore[arg-type]
+        if requests.rows:
+            found += _rows(requests.batch())
+        assert found == _rows(record_batch(expected))
+    assert first.messages
+    assert second.messages
+
+
+def test_request_records_and_events_share_a_file(tmp_path: Path) -> None:
+    """Through the queue, the writer thread and process: counted as the rows they
+    stand for, written with the events around them."""
+    e = Engine(EngineConfig())
+    domain = e.domain("default")
+    orders, _ = e.create_feed(domain, FeedSpec(name="orders", type="fanout"), OWNER)
+    e.create_join(
+        e.create_pipe(domain, PipeSpec(), OWNER), JoinSpec(feed_path="/restms/feed/orders")
+    )
+    mirror = started(tmp_path / "lake")
+    e.mirror = mirror.sink
+    mirror.offer(event(T0, 1))
+    e.publish(orders, [MessageSpec(address=f"a.{n}") for n in range(50)], OWNER)
+    mirror.offer(event(T0, 2))
+    e.mirror = None
+    assert mirror.stop(WAIT)
+    status = mirror.status()
+    assert (status["emitted"], status["queued"], status["written"]) == (102, 0, 102)
+    rows = read_lake(tmp_path / "lake").to_pylist()
+    assert Counter(r["event"] for r in rows) == {"publish": 52, "route": 50}
