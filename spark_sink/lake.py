@@ -34,6 +34,7 @@ import marshal
 import os
 import signal
 import time
+from array import array
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
@@ -100,8 +101,18 @@ def lake_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return fs, path.rstrip("/")
 
 
+def _ints(codes: array[int]) -> pa.Array:
+    """An ``array('i')`` as an Arrow int32 array, without a copy."""
+    return pa.Array.from_buffers(pa.int32(), len(codes), [None, pa.py_buffer(codes)])
+
+
+def _run(code: int, count: int) -> array[int]:
+    return array("i", (code,)) * count
+
+
 class _Codes:
-    """The distinct values of a column of few values, numbered as they come."""
+    """The distinct values of a column of few values (None among them), numbered as
+    they come."""
 
     __slots__ = ("numbers", "values")
 
@@ -118,17 +129,17 @@ class _Codes:
             self.values.append(value)
         return number
 
-    def take(self, codes: list[int | None]) -> pa.Array:
-        """The column whose rows have these codes (None: null)."""
-        return pc.take(pa.array(self.values, pa.string()), pa.array(codes, pa.int32()))
+    def take(self, codes: array[int]) -> pa.Array:
+        """The column whose rows have these codes."""
+        return pc.take(pa.array(self.values, pa.string()), _ints(codes))
 
 
 class RequestRows:
     """The rows of publish request records, in columns: what is the same for all the
     rows of a request once per request (``owner`` says which request a row is of),
-    columns of few values as codes, addresses, ids and sizes as lists. Built with
-    list operations in C; a column at a time at the end (latency and bridge are null
-    in every row)."""
+    columns of few values as codes (``array('i')``, repeated in C), addresses, ids
+    and sizes as lists. A column at a time at the end (latency and bridge are null in
+    every row)."""
 
     __slots__ = (
         "address",
@@ -140,6 +151,7 @@ class RequestRows:
         "pipe",
         "pipes",
         "principal",
+        "principals",
         "requests",
         "rows",
         "size",
@@ -147,14 +159,15 @@ class RequestRows:
 
     def __init__(self) -> None:
         self.rows = 0
-        self.requests: list[tuple[float, str, str, str, str | None]] = []
-        self.owner: list[int | None] = []  # the request of each row
-        self.principal: list[int | None] = []  # ... for publish rows only
-        self.event: list[int | None] = []  # 0 publish, 1 route
+        self.requests: list[tuple[float, str, str, str]] = []
+        self.owner = array("i")  # the request of each row
+        self.principals = _Codes(None)
+        self.principal = array("i")
+        self.event = array("i")  # 0 publish, 1 route
         self.outcomes = _Codes(OK)
-        self.outcome: list[int | None] = []
-        self.pipes = _Codes()
-        self.pipe: list[int | None] = []
+        self.outcome = array("i")
+        self.pipes = _Codes(None)
+        self.pipe = array("i")
         self.address: list[str | None] = []
         self.message_id: list[str | None] = []
         self.size: list[int] = []
@@ -165,25 +178,24 @@ class RequestRows:
         ts, _, rows, domain, feed, feed_type, principal, n, where, ids, sizes = request[:11]
         outcome, pipes, routes, route_sizes = request[11:]
         copies = rows - n
-        number = len(self.requests)
-        self.requests.append((ts, domain, feed, feed_type, principal))
+        self.owner += _run(len(self.requests), rows)
+        self.requests.append((ts, domain, feed, feed_type))
         self.rows += rows
-        self.owner += [number] * rows
-        self.principal += [number] * n
-        self.principal += [None] * copies
-        self.event += [0] * n
-        self.event += [1] * copies
+        self.principal += _run(self.principals.code(principal), n)
+        self.principal += _run(0, copies)  # None
+        self.event += _run(0, n)
+        self.event += _run(1, copies)
         code = self.outcomes.code
         if isinstance(outcome, list):
-            self.outcome += [code(value) for value in outcome]
+            self.outcome += array("i", [code(value) for value in outcome])
         else:
-            self.outcome += [code(outcome)] * n
-        self.outcome += [0] * copies  # OK
-        self.pipe += [None] * n
+            self.outcome += _run(code(outcome), n)
+        self.outcome += _run(0, copies)  # OK
+        self.pipe += _run(0, n)  # None
         if isinstance(pipes, list):
-            self.pipe += [self.pipes.code(pipe) for pipe in pipes]
+            self.pipe += array("i", [self.pipes.code(pipe) for pipe in pipes])
         else:
-            self.pipe += [self.pipes.code(pipes)] * copies
+            self.pipe += _run(self.pipes.code(pipes), copies)
         addresses = where if isinstance(where, list) else [where] * n
         message_ids: list[str | None] = ids if ids is not None else [None] * n
         self.address += addresses
@@ -202,10 +214,9 @@ class RequestRows:
         self.size += [copied[m] for m in which]
 
     def batch(self) -> pa.RecordBatch:
-        owner = pa.array(self.owner, pa.int32())
+        owner = _ints(self.owner)
         per_request = [pa.array(column) for column in zip(*self.requests, strict=True)]
-        ts, domain, feed, feed_type = (pc.take(c, owner) for c in per_request[:4])
-        principal = pc.take(per_request[4].cast(pa.string()), pa.array(self.principal, pa.int32()))
+        ts, domain, feed, feed_type = (pc.take(column, owner) for column in per_request)
         events = _Codes(PUBLISH, ROUTE)
         nulls = pa.nulls(self.rows)
         columns = [
@@ -218,7 +229,7 @@ class RequestRows:
             self.pipes.take(self.pipe),
             pa.array(self.message_id, pa.string()),
             pa.array(self.size, pa.int64()),
-            principal,
+            self.principals.take(self.principal),
             self.outcomes.take(self.outcome),
             nulls.cast(SCHEMA.field("latency_ms").type),
             nulls.cast(SCHEMA.field("bridge").type),
