@@ -73,7 +73,8 @@ async def token(request: web.Request) -> web.Response:
         if client is None:
             # not the id sent: a client that swapped id and secret would log its secret
             log.info("token refused: bad client credentials", extra={"peer": request.remote})
-            events = request.app[ENGINE].events
+            engine = request.app.get(ENGINE)  # none on an authorization server alone
+            events = engine.events if engine is not None else None
             if events is not None:  # auth.failed, coalesced with the others of its scheme
                 events.auth_failed("client", request.remote, "unknown client or wrong secret")
             raise InvalidClient("unknown client or wrong secret")
