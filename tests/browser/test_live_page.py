@@ -75,7 +75,9 @@ async def held(gw: Gateway, pipe: str) -> list[str]:
 
 async def test_page_loads_clean_and_lists_feeds(live: LivePage) -> None:
     options = live.page.get_by_label("Feed on domain").locator("option")
-    await expect(options).to_have_text(["default (default)", "dead-letter (rotator)"])
+    await expect(options).to_have_text(
+        ["default (default)", "dead-letter (rotator)", "restms.system (topic)"]
+    )
     await expect(live.page.locator("#notice")).to_be_hidden()
     await expect(live.page.locator("#stream-state")).to_have_text("closed")
     await live.assert_clean()
