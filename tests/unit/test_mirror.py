@@ -37,7 +37,7 @@ from spark_sink.lake import RequestRows, record_batch
 from spark_sink.mirror import Mirror, MirrorConfig, redact
 from spark_sink.schema import Event
 
-WAIT = 10.0  # seconds a flush or stop may take at most
+WAIT = 30.0  # seconds a flush or stop may take at most (loaded machines start writers slowly)
 OWNER = "alice"
 T0 = datetime.datetime(2026, 3, 4, 5, 59, 59, 250_000, tzinfo=datetime.UTC).timestamp()
 
