@@ -222,9 +222,7 @@ async def authenticate(
             authenticator.check_rate(request.remote)
         return
     headers = request.headers
-    forwarded = (  # case-insensitive lookups
-        "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
-    )
+    forwarded = is_relayed(headers)
     header = headers.get("Authorization")
     if header is None and "Upgrade" in headers:
         header = socket_bearer(headers)
@@ -238,6 +236,12 @@ async def authenticate(
         raise
     authenticator.take(principal)
     request[PRINCIPAL] = principal
+
+
+def is_relayed(headers: Mapping[str, str]) -> bool:
+    """Whether a proxy relayed the request (it says so in a forwarding header): such a
+    request is never the loopback guest, whatever its peer address."""
+    return "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
 
 
 def _failed(request: web.Request, header: str | None, exc: Unauthorized) -> None:

@@ -57,7 +57,7 @@ from feeds.config import LATENCY_BOUNDS, Latency
 from feeds.engine import Census
 from restms.errors import InsufficientScope, RestMSError, TooManyRequests, Unauthorized
 
-from .authn import AUTH, PRINCIPAL, WAIT_KINDS, authenticate
+from .authn import AUTH, PRINCIPAL, WAIT_KINDS, authenticate, is_relayed
 from .bridging import BRIDGES
 from .keys import CONFIG, ENGINE, STORE
 from .mirroring import MIRROR
@@ -366,11 +366,10 @@ async def may_scrape(request: web.Request) -> None:
     if access == "open":
         return
     authenticator = request.app[AUTH]
-    if access == "loopback":
-        headers = request.headers
-        relayed = "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
-        if authenticator.guests.trusted(request.remote, relayed):
-            return
+    if access == "loopback" and authenticator.guests.trusted(
+        request.remote, is_relayed(request.headers)
+    ):
+        return
     await authenticate(request, authenticator, always=True)
     if not request[PRINCIPAL].grants.unqualified("metrics"):
         raise InsufficientScope(

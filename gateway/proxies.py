@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -85,7 +85,7 @@ class Proxies:
         v4 = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) else None
         return any(ip in net or (v4 is not None and v4 in net) for net in self.networks)
 
-    def overrides(self, headers: Mapping[str, str] | CIMultiDictProxy[str]) -> dict[str, str]:
+    def overrides(self, headers: CIMultiDictProxy[str]) -> dict[str, str]:
         """What a trusted proxy's headers change: ``remote``, ``scheme``, ``host``."""
         found: dict[str, str] = {}
         hops = _single(headers, "X-Forwarded-For")
@@ -113,13 +113,11 @@ class Proxies:
         return found
 
 
-def _single(headers: Mapping[str, str] | CIMultiDictProxy[str], name: str) -> str | None:
-    if isinstance(headers, CIMultiDictProxy):
-        values = headers.getall(name, ())
-        if len(values) > 1:
-            raise BadRequest(f"{name} given {len(values)} times: the proxy must send it once")
-        return values[0] if values else None
-    return headers.get(name)
+def _single(headers: CIMultiDictProxy[str], name: str) -> str | None:
+    values = headers.getall(name, ())
+    if len(values) > 1:
+        raise BadRequest(f"{name} given {len(values)} times: the proxy must send it once")
+    return values[0] if values else None
 
 
 def _address(text: str) -> Address | None:
