@@ -25,7 +25,6 @@ from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
 from .events import Events
 from .mirroring import Sink, emit_pipe
 from .model import (
-    Blob,
     Clock,
     Domain,
     Feed,
@@ -37,17 +36,18 @@ from .model import (
     Resource,
     Slot,
     StagedContent,
-    Watchable,
+    alive,
 )
 from .placement import Placement
 from .routing import INDEXED_TYPES, QUEUEING_TYPES, matcher
+from .staging import Staging
 from .store import Op, dumps
 from .webhook import apply_change
 
 log = logging.getLogger(__name__)
 
 
-class Core(Placement):
+class Core(Staging, Placement):
     """Resources and their lookup, used from the event loop's thread (placing messages
     is :class:`feeds.placement.Placement`)."""
 
@@ -585,50 +585,3 @@ class Core(Placement):
             and not feed.configured
         ):
             self._drop_feed(feed, "last-join")
-
-    # ------------------------------------------------------------ contents
-    def stage(self, feed: Feed, data: bytes, content_type: str, owner: str) -> StagedContent:
-        """M1: keep an opaque body until a message references it, or its TTL ends (M4)."""
-        alive(feed)
-        if self._staged_bytes + len(data) > self.config.max_staged_bytes:
-            raise ServiceUnavailable("too many staged contents are waiting; retry later", 5)
-        key = names.new_hash()
-        staged = StagedContent(
-            key,
-            feed,
-            Blob(data, content_type),
-            owner,
-            self._wall(),
-            self._mono() + self.config.staged_ttl,
-        )
-        feed.staged[key] = staged
-        self._private[key] = staged
-        self._staged_bytes += len(data)
-        self.counters.staged += 1
-        return staged
-
-    def expire_staged(self) -> int:
-        """M4: drop staged contents past their TTL; returns how many went."""
-        now = self._mono()
-        expired = [
-            s for s in self._private.values() if isinstance(s, StagedContent) and s.expires <= now
-        ]
-        for staged in expired:
-            self.delete_staged(staged)
-        self.counters.staged_expired += len(expired)
-        return len(expired)
-
-    def delete_staged(self, staged: StagedContent) -> None:
-        if staged.deleted:
-            return
-        staged.deleted = True
-        staged.feed.staged.pop(staged.key, None)
-        self._private.pop(staged.key, None)
-        self._staged_bytes -= len(staged.blob.data)
-        staged.wake()
-
-
-def alive(resource: Watchable) -> None:
-    """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
-    if resource.deleted:
-        raise NotFound("the resource was deleted")

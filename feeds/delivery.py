@@ -15,7 +15,7 @@ from restms.errors import Forbidden, NotFound, PayloadTooLarge, ServiceUnavailab
 from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
 from restms.uris import split_path
 
-from .core import Core, alive
+from .core import Core
 from .dedup import DedupWindow
 from .mirroring import emit_feed, emit_publish, emit_request
 from .model import (
@@ -29,6 +29,7 @@ from .model import (
     Pipe,
     Slot,
     StagedContent,
+    alive,
     content_size,
 )
 from .routing import QUEUEING_TYPES

@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from restms.errors import NotFound
 from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
 from restms.webhook import WebhookOptions
 
@@ -382,3 +383,9 @@ def content_size(parts: Iterable[Part | None]) -> int:
             continue
         total += len(part.data) if isinstance(part, Blob) else len(part.value)
     return total
+
+
+def alive(resource: Watchable) -> None:
+    """Requests that awaited their body may find the resource deleted meanwhile (Q29)."""
+    if resource.deleted:
+        raise NotFound("the resource was deleted")
