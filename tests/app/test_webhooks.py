@@ -602,7 +602,8 @@ async def test_max_age_dead_letters(gw: Gateway, receiver: Receiver) -> None:
 
     receiver.answer = refuse
     reader = await dead_letters(gw)
-    pipe = await webhook(gw, receiver.url, secret=SECRET, max_age="0.5")
+    # max_attempts at its limit: only the age can end it (10 quick retries could, under load)
+    pipe = await webhook(gw, receiver.url, secret=SECRET, max_age="0.5", max_attempts=100)
     started = time.monotonic()
     await send(gw, pipe, "m1")
     shown = await until_state(gw, pipe, dead_lettered="1", pending="0")
