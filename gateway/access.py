@@ -28,8 +28,8 @@ from feeds.model import Domain, Feed, Join, PartRef, Pipe, Slot, StagedContent
 from restms import specs
 from restms.errors import BadRequest, Conflict, Forbidden, InsufficientScope, NotFound
 
-from .authn import AUTH, PRINCIPAL
-from .keys import CONFIG, ENGINE
+from .authn import PRINCIPAL
+from .keys import STATE
 
 HIDDEN = "no such resource"
 READS = frozenset(("GET", "HEAD"))
@@ -55,18 +55,18 @@ def _need(principal: Principal, action: str, domain: str, feed: str | None) -> N
 
 
 def _sees(request: web.Request, principal: Principal, domain: Domain) -> None:
-    if not request.app[AUTH].tenants.sees(principal, domain.name):
+    if not request[STATE].auth.tenants.sees(principal, domain.name):
         raise NotFound(f"no domain named {domain.name!r}")
 
 
 def _feed_visible(request: web.Request, principal: Principal, feed: Feed) -> None:
     """404 unless the principal may know the feed exists."""
-    app = request.app  # a property chain in aiohttp: read once
-    if feed is app[ENGINE].default_feed:
+    state = request[STATE]
+    if feed is state.engine.default_feed:
         return  # F14: the default feed is in every domain; its joins decide delivery
     if feed.name is None and feed.owner != principal.name:  # private: its owner's
         raise NotFound(HIDDEN)
-    if not app[AUTH].tenants.sees(principal, feed.domain.name):
+    if not state.auth.tenants.sees(principal, feed.domain.name):
         raise NotFound(f"no feed named {feed.key!r}") if feed.public else NotFound(HIDDEN)
 
 
@@ -114,7 +114,7 @@ def check(request: web.Request, target: object) -> None:
         if method in READS:
             _need(principal, "read", domain, target.name)
             return
-        _not_system(request.app[ENGINE], target)
+        _not_system(request[STATE].engine, target)
         if method == "POST":  # as may_publish, with the principal in hand
             _need(principal, "publish", domain, target.name)
         elif method in ("PUT", "DELETE"):
@@ -133,17 +133,17 @@ def check(request: web.Request, target: object) -> None:
 def may_publish(request: web.Request, feed: Feed) -> None:
     """Publishing to a visible feed (a POST, or a WebSocket publish frame) needs
     ``publish`` on it; never to the system feed."""
-    _not_system(request.app[ENGINE], feed)
+    _not_system(request[STATE].engine, feed)
     _need(request[PRINCIPAL], "publish", feed.domain.name, feed.name)
 
 
 def may_create(request: web.Request, domain: Domain, spec: specs.FeedSpec | specs.PipeSpec) -> None:
     """A POST to a domain: ``publish`` for a feed, ``subscribe`` and the cap for a pipe."""
-    principal = request[PRINCIPAL]
-    engine: Engine = request.app[ENGINE]
+    principal, state = request[PRINCIPAL], request[STATE]
+    engine: Engine = state.engine
     if isinstance(spec, specs.PipeSpec):
         _need(principal, "subscribe", domain.name, None)
-        cap = request.app[CONFIG].max_pipes_per_principal
+        cap = state.config.max_pipes_per_principal
         if engine.owned_pipes(principal.name) >= cap:
             raise Forbidden(f"pipe quota reached: {cap} pipes per principal; delete one first")
         return
@@ -157,16 +157,16 @@ def may_create(request: web.Request, domain: Domain, spec: specs.FeedSpec | spec
 def may_join(request: web.Request, pipe: Pipe, path: str) -> None:
     """A join needs the feed to be visible and ``subscribe`` on it (``read`` on the
     system feed, whose events are read, not subscribed to), within the join cap."""
-    principal = request[PRINCIPAL]
-    engine = request.app[ENGINE]
+    principal, state = request[PRINCIPAL], request[STATE]
+    engine = state.engine
     feed = engine.feed_at(path)  # 400 when there is none (G14)
     if hidden(request, feed):
         raise BadRequest(f"join names no existing feed: {path}")  # as if there were none
     domain = feed.domain.name if feed is not engine.default_feed else pipe.domain.name
     events = engine.events
     _need(principal, "read" if events and feed is events.feed else "subscribe", domain, feed.name)
-    cap = request.app[CONFIG].max_joins_per_principal
-    if request.app[ENGINE].owned_joins(principal.name) >= cap:
+    cap = state.config.max_joins_per_principal
+    if engine.owned_joins(principal.name) >= cap:
         raise Forbidden(f"join quota reached: {cap} joins per principal; delete one first")
 
 

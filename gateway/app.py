@@ -19,6 +19,7 @@ from . import (
     analytics,
     bridging,
     metrics,
+    middleware,
     mirroring,
     oauth,
     page,
@@ -32,7 +33,6 @@ from .config import Config
 from .durability import store_context
 from .idempotency import Replies
 from .keys import CONFIG, ENGINE, REPLIES, STORE
-from .middleware import gateway
 from .shutdown import IN_FLIGHT, InFlight
 from .webhooks import HOOKS, Webhooks, webhooks_context
 from .websocket import FRAMES, Frames
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def build_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[gateway], client_max_size=config.max_body)
+    app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
     app[ENGINE] = Engine(config.engine())
     app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
@@ -77,6 +77,7 @@ def build_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
     app.cleanup_ctx.append(webhooks_context)  # the same for webhook pipes' workers
     app.cleanup_ctx.append(_sweeper)
+    middleware.install(app)  # last: it holds the state made above
     return app
 
 

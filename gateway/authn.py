@@ -25,7 +25,7 @@ import math
 import time
 import urllib.parse
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -206,31 +206,45 @@ PUBLIC = frozenset(("/healthz", "/readyz", "/profile/x-gateway", *page.PATHS))  
 UNCHECKED = PUBLIC | {"/metrics"}
 
 
-async def authenticate(
+def authenticate(
     request: web.Request, authenticator: Authenticator, *, always: bool = False
-) -> None:
+) -> Awaitable[None] | None:
     """Give the request its principal (:data:`PRINCIPAL`), or raise 401 or 429.
 
     Paths anyone may use get none, unless ``always`` (a handler of a public path that
     needs a principal after all, as ``/metrics`` may). A request without credentials is
-    the anonymous guest (or 401) at once, without awaiting anything: that is most
-    traffic on loopback, where each await would cost a coroutine.
+    the anonymous guest (or 401) at once: that is most traffic on loopback, so it is
+    decided here, without a coroutine. Returns None when it is decided, or an awaitable
+    that decides it (credentials to check), which the caller awaits.
     """
-    path = request.path
-    if not always and (path in UNCHECKED or path.startswith(("/oauth/", "/.well-known/"))):
-        if request.method == "POST":  # the token endpoint checks a secret with scrypt
-            authenticator.check_rate(request.remote)
-        return
+    if not always:
+        path = request.path
+        if path in UNCHECKED or path.startswith(("/oauth/", "/.well-known/")):
+            if request.method == "POST":  # the token endpoint checks a secret with scrypt
+                authenticator.check_rate(request.remote)
+            return None
     headers = request.headers
-    forwarded = is_relayed(headers)
     header = headers.get("Authorization")
     if header is None and "Upgrade" in headers:
         header = socket_bearer(headers)
+    if header is not None:
+        return _check(request, authenticator, header, is_relayed(headers))
     try:
-        if header is None:
-            principal = authenticator.anonymous(request.remote, forwarded)
-        else:
-            principal = await authenticator.principal(header, request.remote, forwarded)
+        principal = authenticator.anonymous(request.remote, is_relayed(headers))
+    except Unauthorized as exc:
+        _failed(request, header, exc)
+        raise
+    if authenticator.rate:  # no limit (0): no bucket to take from
+        authenticator.take(principal)
+    request[PRINCIPAL] = principal
+    return None
+
+
+async def _check(
+    request: web.Request, authenticator: Authenticator, header: str, forwarded: bool
+) -> None:
+    try:
+        principal = await authenticator.principal(header, request.remote, forwarded)
     except Unauthorized as exc:
         _failed(request, header, exc)
         raise

@@ -32,7 +32,7 @@ from restms.media import Format, bare_type, body_format, looks_structured, negot
 from restms.uris import Base
 
 from .authn import PRINCIPAL, bearer_challenge, waiting
-from .keys import CONFIG, ENGINE
+from .keys import STATE
 
 NO_CACHE = "no-cache"
 
@@ -77,7 +77,7 @@ def principal(request: web.Request) -> str:
 
 async def read_body(request: web.Request) -> bytes:
     """The whole body, refusing anything over ``max_body`` with 413 before reading it."""
-    limit = request.app[CONFIG].max_body
+    limit = request[STATE].config.max_body
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(f"request body of {length} bytes is over the {limit}-byte limit")
@@ -130,7 +130,7 @@ def request_format(request: web.Request, body: bytes) -> Format:
 
 
 def decode(request: web.Request, body: bytes, fmt: Format) -> Document:
-    return restms.decode(body, fmt, request.app[CONFIG].codec)
+    return restms.decode(body, fmt, request[STATE].config.codec)
 
 
 async def read_document(request: web.Request) -> tuple[Document, Format]:
@@ -227,7 +227,7 @@ def check_preconditions(request: web.Request, key: str, resource: Versioned) -> 
 
 def wait_expired(request: web.Request, what: str) -> ServiceUnavailable:
     """A9: 503 + Retry-After: 0, or 500 in the compatibility mode for older clients."""
-    status = request.app[CONFIG].expired_wait_status
+    status = request[STATE].config.expired_wait_status
     return ServiceUnavailable(f"{what} wait expired, retry", retry_after=0, status=status)
 
 
@@ -241,8 +241,9 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
     after = parse_http_date(wma) if wma is not None else None
     if wma is not None and after is None:
         raise restms.BadRequest("When-Modified-After is not an HTTP date")
-    engine = request.app[ENGINE]
-    deadline = time.monotonic() + bounded(request, request.app[CONFIG].max_wait)
+    state = request[STATE]
+    engine = state.engine
+    deadline = time.monotonic() + bounded(request, state.config.max_wait)
     with waiting(request, "evented"):
         while True:
             if resource.deleted:

@@ -370,7 +370,9 @@ async def may_scrape(request: web.Request) -> None:
         request.remote, is_relayed(request.headers)
     ):
         return
-    await authenticate(request, authenticator, always=True)
+    pending = authenticate(request, authenticator, always=True)
+    if pending is not None:  # credentials to check
+        await pending
     if not request[PRINCIPAL].grants.unqualified("metrics"):
         raise InsufficientScope(
             "metrics need the restms:metrics (or restms:admin) scope, unqualified", SCOPE

@@ -16,7 +16,11 @@ In this order, each a readable unit of its own:
 
 They were three aiohttp middlewares. Each layer costs every request a call through a
 partial, a coroutine and a frame, about 2 % of a small publish, so the concerns are
-plain functions now and :func:`gateway` calls them in turn.
+plain functions now and one middleware calls them in turn. It is made per app, once
+the app's state exists (:func:`install`, last in ``build_app``), and holds that state
+itself: ``request.app`` and each ``app[KEY]`` are Python-level calls, which reading the
+state key by key on every request paid for. It hands the request's path its
+:class:`~gateway.keys.State` in ``request[STATE]``.
 """
 
 from __future__ import annotations
@@ -26,16 +30,16 @@ import logging
 from time import perf_counter
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
+from aiohttp.typedefs import Handler, Middleware
 from multidict import CIMultiDict
 
 from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
 
 from .authn import AUTH, authenticate
-from .keys import ENGINE
-from .metrics import REQUESTS
-from .proxies import PROXIES, relayed
-from .shutdown import IN_FLIGHT
+from .keys import CONFIG, ENGINE, STATE, State
+from .metrics import REQUESTS, Requests
+from .proxies import PROXIES, Proxies, relayed
+from .shutdown import IN_FLIGHT, InFlight
 
 log = logging.getLogger(__name__)
 
@@ -46,36 +50,49 @@ def text_reply(
     return web.Response(status=status, text=reason.rstrip() + "\n", headers=headers)
 
 
-@web.middleware
-async def gateway(request: web.Request, handler: Handler) -> web.StreamResponse:
-    app = request.app  # a property chain in aiohttp: read once
-    engine, in_flight, requests = app[ENGINE], app[IN_FLIGHT], app[REQUESTS]
-    began = perf_counter()
-    response: web.StreamResponse
-    try:
-        task = in_flight.admit(engine, request)
+def install(app: web.Application) -> None:
+    """Put the gateway's middleware on ``app``, once its state is all there."""
+    state = State(app[CONFIG], app[ENGINE], app[AUTH])
+    app.middlewares.append(_middleware(state, app[IN_FLIGHT], app[REQUESTS], app.get(PROXIES)))
+
+
+def _middleware(
+    state: State, in_flight: InFlight, requests: Requests, proxies: Proxies | None
+) -> Middleware:
+    engine, authenticator = state.engine, state.auth
+
+    @web.middleware
+    async def gateway(request: web.Request, handler: Handler) -> web.StreamResponse:
+        began = perf_counter()
+        response: web.StreamResponse
         try:
-            proxies = app.get(PROXIES)
-            if proxies is not None:  # the client's address, scheme and host, as relayed
-                request = relayed(request, proxies)
-            await authenticate(request, app[AUTH])
-            response = await handler(request)
-        finally:
-            in_flight.discard(task)
-    except (RestMSError, web.HTTPException) as exc:
-        response = error_reply(exc)
-        requests.refused(exc)
-    except (asyncio.CancelledError, ConnectionError):
-        raise
-    except Exception:
-        # The last resort: a bug, not bad input (bad input raises RestMSError above).
-        # Logged with its traceback and answered 500; the fuzz test keeps this unreached.
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        response = text_reply(500, "internal error; it has been logged")
-    if engine.closing:  # shutdown: no request follows this reply on its connection
-        response.force_close()  # aiohttp says "Connection: close" and closes after it
-    requests.record(request.match_info, request.method, response.status, perf_counter() - began)
-    return response
+            task = in_flight.admit(engine, request)
+            try:
+                if proxies is not None:  # the client's address, scheme and host, as relayed
+                    request = relayed(request, proxies)
+                request[STATE] = state
+                pending = authenticate(request, authenticator)
+                if pending is not None:  # credentials to check
+                    await pending
+                response = await handler(request)
+            finally:
+                in_flight.discard(task)
+        except (RestMSError, web.HTTPException) as exc:
+            response = error_reply(exc)
+            requests.refused(exc)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            # The last resort: a bug, not bad input (bad input raises RestMSError above).
+            # Logged with its traceback and answered 500; the fuzz test keeps this unreached.
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = text_reply(500, "internal error; it has been logged")
+        if engine.closing:  # shutdown: no request follows this reply on its connection
+            response.force_close()  # aiohttp says "Connection: close" and closes after it
+        requests.record(request.match_info, request.method, response.status, perf_counter() - began)
+        return response
+
+    return gateway
 
 
 def error_reply(exc: RestMSError | web.HTTPException) -> web.Response:

@@ -33,7 +33,7 @@ from restms.uris import PREFIX, split_path, uri_path
 from . import access, http, idempotency, spill, streams, views, webhooks, websocket
 from .authn import waiting
 from .durability import committed
-from .keys import CONFIG, ENGINE, REPLIES
+from .keys import REPLIES, STATE
 
 Handler = Callable[[web.Request, Any], Awaitable[web.StreamResponse]]
 OCTET_STREAM = "application/octet-stream"
@@ -48,7 +48,7 @@ async def get_domain(request: web.Request, domain: Domain) -> web.StreamResponse
         lambda: views.domain(
             http.base(request),
             domain,
-            request.app[ENGINE],
+            request[STATE].engine,
             lambda f: access.readable(request, domain, f),
         ),
     )
@@ -60,7 +60,7 @@ async def post_domain(request: web.Request, domain: Domain) -> web.StreamRespons
     fmt = http.reply_format(request, body_fmt)  # 406 before anything changes
     spec = specs.creation(document, slug=request.headers.get("Slug"))
     access.may_create(request, domain, spec)
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     base = http.base(request)
     if isinstance(spec, specs.PipeSpec):
         spec = await webhooks.admit(request, spec)  # a webhook pipe's callback: SSRF guard
@@ -96,7 +96,7 @@ async def put_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     """R2, R3, F17: title and license; 204 for an empty body."""
     if feed.configured:
         raise Forbidden("configured feeds cannot be changed")
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     return await _put(
         request,
         f"f:{feed.key}",
@@ -111,7 +111,7 @@ async def delete_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     if feed.configured:
         raise Forbidden("configured feeds cannot be deleted")
     http.check_preconditions(request, f"f:{feed.key}", feed)
-    request.app[ENGINE].delete_feed(feed)
+    request[STATE].engine.delete_feed(feed)
     return web.Response(status=200)
 
 
@@ -121,7 +121,7 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     body = await http.read_body(request)
     body_fmt = body_format(content_type) if bare_type(content_type) else looks_structured(body)
     if body_fmt is None:
-        staged = request.app[ENGINE].stage(
+        staged = request[STATE].engine.stage(
             feed, body, content_type.strip() or OCTET_STREAM, http.principal(request)
         )
         # M1: 201 + Location, no Content-Type and an empty body.
@@ -139,8 +139,8 @@ async def publish(request: web.Request, feed: Feed, body: bytes, fmt: Format) ->
 
     The one publish path: a POST on a feed and a WebSocket publish frame both end here.
     """
-    app = request.app  # a property chain in aiohttp: read once
-    config, engine = app[CONFIG], app[ENGINE]
+    state = request[STATE]
+    config, engine = state.config, state.engine
     messages = fastpath.messages(body, fmt, config.codec, config.limits)
     counts = engine.publish(feed, messages, http.principal(request))
     if not engine.journal:  # nothing durable changed (non-persistent messages)
@@ -165,7 +165,7 @@ async def publish_to(request: web.Request, where: str, body: bytes) -> list[int]
     found = split_path(uri_path(path))
     if found is None:
         raise NotFound(f"no RestMS resource at {where}")
-    target = _find(request.app[ENGINE], *found)
+    target = _find(request[STATE].engine, *found)
     access.visible(request, target)
     if not isinstance(target, Feed):
         raise BadRequest(f"{where} is not a feed: only feeds are published to")
@@ -179,7 +179,7 @@ async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
         return await websocket.serve(request, pipe, publish_to)
     if accepts_event_stream(request.headers.get("Accept")):
         return await streams.sse(request, pipe)
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     await spill.ensure(request.app, pipe)  # the oldest messages, if they wait on disk
     return await _get(
         request,
@@ -192,7 +192,7 @@ async def get_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
 
 async def put_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     """L8, Q15: a PUT on a pipe changes its title (and a webhook pipe's options)."""
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     return await _put(
         request,
         f"p:{pipe.key}",
@@ -234,7 +234,7 @@ async def _put(
 
 async def delete_pipe(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     http.check_preconditions(request, f"p:{pipe.key}", pipe)
-    request.app[ENGINE].delete_pipe(pipe)
+    request[STATE].engine.delete_pipe(pipe)
     return web.Response(status=200)
 
 
@@ -244,7 +244,7 @@ async def post_join(request: web.Request, pipe: Pipe) -> web.StreamResponse:
     fmt = http.reply_format(request, body_fmt)  # 406 before the join exists
     spec = specs.join(document)
     access.may_join(request, pipe, spec.feed_path)
-    join, created = request.app[ENGINE].create_join(pipe, spec)
+    join, created = request[STATE].engine.create_join(pipe, spec)
     base = http.base(request)
     return http.document(
         request,
@@ -264,14 +264,14 @@ async def get_join(request: web.Request, join: Join) -> web.StreamResponse:
 
 async def delete_join(request: web.Request, join: Join) -> web.StreamResponse:
     http.check_preconditions(request, f"j:{join.key}", join)
-    request.app[ENGINE].delete_join(join)
+    request[STATE].engine.delete_join(join)
     return web.Response(status=200)
 
 
 # ---------------------------------------------------------------- messages
 async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     """A2, A5, A9, U11, P6: a message, waiting while the slot is the asynclet."""
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     pipe = slot.pipe
     await spill.ensure(request.app, pipe, slot.seq)
     if request.method == "HEAD":
@@ -303,7 +303,7 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
 
 
 async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | None:
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     while True:
         try:
             return await engine.wait_message(slot, wait)
@@ -314,7 +314,7 @@ async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | Non
 async def _wait(request: web.Request, slot: Slot) -> Message:
     """A2, A9: the asynclet waits (a slot of the principal's), at most until its token expires."""
     with waiting(request, "asynclet"):
-        message = await _fetch(request, slot, http.bounded(request, request.app[CONFIG].max_wait))
+        message = await _fetch(request, slot, http.bounded(request, request[STATE].config.max_wait))
     if message is None:
         http.check_credentials(request)
         raise http.wait_expired(request, "asynclet")
@@ -323,7 +323,7 @@ async def _wait(request: web.Request, slot: Slot) -> Message:
 
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     """D4, A7, D5, H5: acknowledge this message and every older one."""
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     await spill.ensure(request.app, slot.pipe, slot.seq)
     message = engine.message(slot)
     if message is not None:
@@ -334,7 +334,7 @@ async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse
 
 # ---------------------------------------------------------------- contents
 async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     await spill.ensure(request.app, ref.pipe, ref.seq)
     blob = engine.part(ref)
     message = engine.message(Slot(ref.pipe, ref.seq))
@@ -345,7 +345,7 @@ async def get_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
 
 async def delete_part(request: web.Request, ref: PartRef) -> web.StreamResponse:
     await spill.ensure(request.app, ref.pipe, ref.seq)
-    request.app[ENGINE].delete_part(ref)
+    request[STATE].engine.delete_part(ref)
     return web.Response(status=200)
 
 
@@ -355,7 +355,7 @@ async def get_staged(request: web.Request, staged: StagedContent) -> web.StreamR
 
 
 async def delete_staged(request: web.Request, staged: StagedContent) -> web.StreamResponse:
-    request.app[ENGINE].delete_staged(staged)
+    request[STATE].engine.delete_staged(staged)
     return web.Response(status=200)
 
 
@@ -462,7 +462,7 @@ async def _run(
 
 def _exists(request: web.Request, target: Any) -> bool:
     """Message positions and contents resolve by shape; say whether one is really there."""
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     if isinstance(target, Slot):
         found = engine.message(target) is not None or target.pipe.on_disk(target.seq)
         return found or engine.pending(target)
@@ -484,7 +484,7 @@ def _find(engine: Engine, kind: str | None, name: str) -> Any:
 
 async def handle(request: web.Request) -> web.StreamResponse:
     """Entry point for every ``/restms/{kind}/{name}`` route."""
-    engine = request.app[ENGINE]
+    engine = request[STATE].engine
     match = request.match_info
     try:
         target = _find(engine, match.route.name, match["name"])
