@@ -42,10 +42,11 @@ aiohttp surface this relies on, checked against aiohttp 3.14 (the test
 * the request factory's arguments ``(message, payload, protocol, writer, task)``,
   called once per request just before its handler starts;
 * ``web.RequestHandler(manager, loop=, **handler_kwargs)``, its asyncio protocol
-  methods, ``force_close()``, ``finish_response(request, resp, start_time)``,
-  awaited once per request when its handler has returned a reply, and
-  ``handle_error(request, status, exc, message)``, which builds the reply to a request
-  head its parser refused (``exc`` is then the parser's ``HttpProcessingError``).
+  methods, ``force_close()``, ``log_access(request, response, time)``, called once
+  per request by ``finish_response`` when the reply is written (or the client went
+  away while it was), and ``handle_error(request, status, exc, message)``, which builds
+  the reply to a request head its parser refused (``exc`` is then the parser's
+  ``HttpProcessingError``).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ class Connection(web.RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self._reading is None and not self._handling and data:
+        # aiohttp calls this with b"" too, when it resumes reading: test that first.
+        if data and self._reading is None and not self._handling:
             if self._peer is None:
                 return
             self._expect(HEAD, self._limits.header_timeout)
@@ -221,13 +223,15 @@ class Connection(web.RequestHandler):
         reply.force_close()
         return reply
 
-    async def finish_response(
-        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
-    ) -> tuple[web.StreamResponse, bool]:
-        try:
-            return await super().finish_response(request, resp, start_time)
-        finally:
-            self._handling = False
+    def log_access(
+        self, request: web.BaseRequest, response: web.StreamResponse, time: float | None
+    ) -> None:
+        # The reply's end. This is the one synchronous call aiohttp makes there: an
+        # override of the finish_response coroutine would cost every request a coroutine.
+        # When writing the reply fails otherwise, aiohttp closes the connection: no
+        # request follows, and nothing needs the flag reset.
+        self._handling = False
+        super().log_access(request, response, time)
 
     def _expect(self, what: str, timeout: float) -> None:
         loop = self._event_loop
@@ -265,17 +269,17 @@ class _Server(web.Server):
         def request_factory(
             message: RawRequestMessage,
             payload: StreamReader,
-            protocol: web.RequestHandler,
+            protocol: Connection,  # what this server's __call__ makes
             writer: AbstractStreamWriter,
             task: asyncio.Task[None],
         ) -> web.BaseRequest:
-            cast(Connection, protocol).request_started(payload)
+            protocol.request_started(payload)
             return app_factory(message, payload, protocol, writer, task)
 
         self._event_loop = asyncio.get_running_loop()
         super().__init__(
             made.request_handler,
-            request_factory=request_factory,
+            request_factory=request_factory,  # type: ignore[arg-type]  # Connection only
             handler_cancellation=made.handler_cancellation,
             loop=self._event_loop,
             **handler_kwargs,

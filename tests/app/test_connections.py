@@ -171,6 +171,27 @@ async def test_slow_request_head_is_cut_after_header_timeout(make_gateway: MakeG
     await settled(gw)
 
 
+async def test_slow_head_after_a_reply_on_the_same_connection_is_cut(
+    make_gateway: MakeGateway,
+) -> None:
+    """The first request's reply ends its time in hand: the next head is timed."""
+    gw = await make_gateway(header_timeout=0.5, keepalive_timeout=5.0)
+    reader, writer = await connect(gw)
+    writer.write(DOMAIN_GET + b"\r\n")
+    assert status_of(await read_reply(reader)) == 200
+    started = time.monotonic()
+    answer = asyncio.create_task(read_all(reader))
+    lines = [DOMAIN_GET] + [b"X-Slow-%d: 1\r\n" % i for i in range(30)]
+    await dribble(writer, lines, answer.done)
+    reply = await answer
+    elapsed = time.monotonic() - started
+    writer.close()
+    assert status_of(reply) == 408, reply[:200]
+    assert 0.45 <= elapsed < 1.0
+    assert limits(gw).too_slow == 1
+    await settled(gw)
+
+
 async def test_idle_connection_waits_for_keepalive_not_header_timeout(
     make_gateway: MakeGateway,
 ) -> None:
@@ -345,12 +366,15 @@ async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
     """gateway/connections.py relies on these; re-read it when this fails."""
     assert aiohttp.__version__.startswith(AIOHTTP_CHECKED + "."), aiohttp.__version__
     assert inspect.iscoroutinefunction(web.AppRunner._make_server)
-    assert list(inspect.signature(web.RequestHandler.finish_response).parameters) == [
+    assert list(inspect.signature(web.RequestHandler.log_access).parameters) == [
         "self",
         "request",
-        "resp",
-        "start_time",
+        "response",
+        "time",
     ]
+    # called at the reply's end, written or not (the client went away meanwhile)
+    finish = await asyncio.to_thread(inspect.getsource, web.RequestHandler.finish_response)
+    assert finish.count("self.log_access(request, resp, start_time)") == 2
     assert list(inspect.signature(web.Application._make_request).parameters)[1:6] == [
         "message",
         "payload",
@@ -382,5 +406,6 @@ async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
     writer.write(b"12345")
     assert status_of(await read_reply(reader)) == 200
     await eventually(lambda: protocol._reading is None, "stopped by the end of the body")
+    await eventually(lambda: not protocol._handling, "no request in hand after the reply")
     writer.close()
     await settled(gw)
