@@ -77,7 +77,7 @@ def build_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
     app.cleanup_ctx.append(webhooks_context)  # the same for webhook pipes' workers
     app.cleanup_ctx.append(_sweeper)
-    middleware.install(app)  # last: it holds the state made above
+    middleware.install(app)  # last: it wraps every route above, with the state made above
     return app
 
 

@@ -64,7 +64,7 @@ from .mirroring import MIRROR
 from .shutdown import IN_FLIGHT
 
 if TYPE_CHECKING:
-    from aiohttp.web_urldispatcher import AbstractRoute, UrlMappingMatchInfo
+    from aiohttp.web_urldispatcher import AbstractRoute
 
 PATH = "/metrics"
 SCOPE = "restms:metrics"
@@ -72,7 +72,7 @@ SCOPE = "restms:metrics"
 # millisecond; asynclets, evented GETs and streams wait up to max_wait or stream_max.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"))
-UNMATCHED = "(unmatched)"  # a path no route serves (404 before any handler)
+UNMATCHED = "(unmatched)"  # a request no route serves (404, or 405 for a path served)
 DURATION = "restms_http_request_duration_seconds"
 _F = TypeVar("_F", CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily)
 
@@ -98,13 +98,14 @@ class Requests:
     __slots__ = ("_routes", "refusals")
 
     def __init__(self) -> None:
-        self._routes: dict[tuple[AbstractRoute, str], _Route] = {}
+        self._routes: dict[tuple[AbstractRoute | None, str], _Route] = {}
         self.refusals = dict.fromkeys(("unauthorized", "insufficient_scope", "rate_limited"), 0)
 
-    def record(self, match: UrlMappingMatchInfo, method: str, status: int, seconds: float) -> None:
+    def record(self, route: AbstractRoute | None, method: str, status: int, seconds: float) -> None:
+        """Count a reply on ``route`` (None: a request no route serves)."""
         if method not in METHODS:
             method = "other"  # any token is a method to aiohttp: bound the label
-        key = (match.route, method)
+        key = (route, method)
         entry = self._routes.get(key)
         if entry is None:
             entry = self._routes[key] = _Route()
@@ -137,8 +138,8 @@ class Requests:
         yield from (total, duration, refused)
 
 
-def _template(route: AbstractRoute) -> str:
-    resource = route.resource
+def _template(route: AbstractRoute | None) -> str:
+    resource = route.resource if route is not None else None
     return UNMATCHED if resource is None else resource.canonical
 
 

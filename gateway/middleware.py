@@ -1,4 +1,4 @@
-"""The middleware: one layer that every request passes, calling one function per concern.
+"""The concerns every request passes, around every route's handler.
 
 In this order, each a readable unit of its own:
 
@@ -14,23 +14,36 @@ In this order, each a readable unit of its own:
 4. **Counting.** The reply's route, method, status and duration go to
    :meth:`gateway.metrics.Requests.record` (plain dict counts, read by ``GET /metrics``).
 
-They were three aiohttp middlewares. Each layer costs every request a call through a
-partial, a coroutine and a frame, about 2 % of a small publish, so the concerns are
-plain functions now and one middleware calls them in turn. It is made per app, once
-the app's state exists (:func:`install`, last in ``build_app``), and holds that state
-itself: ``request.app`` and each ``app[KEY]`` are Python-level calls, which reading the
-state key by key on every request paid for. It hands the request's path its
-:class:`~gateway.keys.State` in ``request[STATE]``.
+Why not aiohttp middlewares: each costs every request a call through a partial, a
+coroutine and a frame, and an app with any middleware pays for one more that aiohttp
+adds itself (it sets and resets ``match_info.current_app`` around the handler). So
+:func:`install`, last in ``build_app``, wraps each route's handler once in
+:func:`_concerns`, which holds the app's state itself (``request.app`` and each
+``app[KEY]`` are Python-level calls) and hands the request's path its
+:class:`~gateway.keys.State` in ``request[STATE]``. A route added after that would
+bypass the concerns (authentication among them): start-up refuses to run then.
+
+A request no route serves gets the router's answer, 404, or 405 with ``Allow`` when
+the path is served for other methods. Without a middleware that answer would bypass
+the concerns too, so :func:`install` adds a last route that matches every path,
+:data:`UNROUTED`, whose handler finds it as the router does.
+
+aiohttp surface this relies on (checked against aiohttp 3.14, as
+:mod:`gateway.connections`): a route keeps its handler in ``_handler``, which
+``route.handler`` and so the request's ``match_info.handler`` return.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Coroutine
 from time import perf_counter
+from typing import Any
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import AbstractRoute
 from multidict import CIMultiDict
 
 from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
@@ -43,6 +56,9 @@ from .shutdown import IN_FLIGHT, InFlight
 
 log = logging.getLogger(__name__)
 
+Wrapped = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+UNROUTED = "unrouted"  # the name of the last route, for requests no other route serves
+
 
 def text_reply(
     status: int, reason: str, headers: CIMultiDict[str] | dict[str, str] | None = None
@@ -51,18 +67,38 @@ def text_reply(
 
 
 def install(app: web.Application) -> None:
-    """Put the gateway's middleware on ``app``, once its state is all there."""
+    """Put the concerns around every route's handler of ``app``, once all are added."""
+    router = app.router
+    router.add_route(hdrs.METH_ANY, "/{path:.*}", _unrouted, name=UNROUTED)
     state = State(app[CONFIG], app[ENGINE], app[AUTH])
-    app.middlewares.append(_middleware(state, app[IN_FLIGHT], app[REQUESTS], app.get(PROXIES)))
+    in_flight, requests, proxies = app[IN_FLIGHT], app[REQUESTS], app.get(PROXIES)
+    wrapped: set[Wrapped] = set()
+    for route in router.routes():
+        # Requests no route serves are counted as one route, (unmatched), as before.
+        counted = None if route.name == UNROUTED else route
+        handler = _concerns(route.handler, counted, state, in_flight, requests, proxies)
+        route._handler = handler  # aiohttp's own attribute: see the docstring
+        wrapped.add(handler)
+
+    async def all_wrapped(app: web.Application) -> None:
+        for route in router.routes():
+            if route.handler not in wrapped:
+                raise RuntimeError(f"route {route} was added after middleware.install")
+
+    app.on_startup.insert(0, all_wrapped)  # before any cleanup context starts
 
 
-def _middleware(
-    state: State, in_flight: InFlight, requests: Requests, proxies: Proxies | None
-) -> Middleware:
+def _concerns(
+    handler: Handler,
+    route: AbstractRoute | None,
+    state: State,
+    in_flight: InFlight,
+    requests: Requests,
+    proxies: Proxies | None,
+) -> Wrapped:
     engine, authenticator = state.engine, state.auth
 
-    @web.middleware
-    async def gateway(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def concerns(request: web.Request) -> web.StreamResponse:
         began = perf_counter()
         response: web.StreamResponse
         try:
@@ -89,10 +125,22 @@ def _middleware(
             response = text_reply(500, "internal error; it has been logged")
         if engine.closing:  # shutdown: no request follows this reply on its connection
             response.force_close()  # aiohttp says "Connection: close" and closes after it
-        requests.record(request.match_info, request.method, response.status, perf_counter() - began)
+        requests.record(route, request.method, response.status, perf_counter() - began)
         return response
 
-    return gateway
+    return concerns
+
+
+async def _unrouted(request: web.Request) -> web.StreamResponse:
+    """What aiohttp's router answers a request no route serves: 405 with the methods
+    the path is served for, if any (as the router, from every route but this one), else 404."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.name != UNROUTED:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
 
 
 def error_reply(exc: RestMSError | web.HTTPException) -> web.Response:

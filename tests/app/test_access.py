@@ -22,7 +22,8 @@ from joserfc.jwk import ECKey
 
 from auth import User
 from auth.clients import hash_secret
-from gateway.config import IssuerConfig
+from gateway.app import build_app
+from gateway.config import Config, IssuerConfig
 from gateway.keys import CONFIG, ENGINE
 from tests.app.oauth import DOMAIN, JSON, As, clients, token
 from tests.conftest import Gateway, MakeGateway
@@ -67,6 +68,21 @@ async def serving(app: web.Application) -> AsyncIterator[int]:
 
 def challenge(headers: Any) -> str:
     return ", ".join(headers.getall("WWW-Authenticate", []))
+
+
+# ---------------------------------------------------------------- every route
+async def test_a_route_added_after_the_app_is_built_refuses_to_start(tmp_path: Path) -> None:
+    """Authentication wraps the routes build_app made: a later one would bypass it."""
+
+    async def late(request: web.Request) -> web.Response:
+        return web.Response(text="no principal asked for\n")
+
+    app = build_app(Config(store="memory", data_dir=str(tmp_path)))
+    app.router.add_get("/late", late)
+    runner = web.AppRunner(app, access_log=None)
+    with pytest.raises(RuntimeError, match="added after"):
+        await runner.setup()
+    await runner.cleanup()
 
 
 # ---------------------------------------------------------------- scopes

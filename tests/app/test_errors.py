@@ -146,6 +146,19 @@ async def test_S4_405_is_text_plain_with_allow(gw: Gateway, targets: Targets) ->
     assert "GET" in r.headers["Allow"]
 
 
+async def test_S4_router_404_and_405_are_text_plain(gw: Gateway) -> None:
+    """Requests no route serves get the router's answers, as every error: text/plain."""
+    for method in ("GET", "POST", "OPTIONS"):
+        (await call(gw, method, "/no/such/path")).assert_text_error(404)
+    assert (await call(gw, "HEAD", "/no/such/path")).status == 404
+    r = await call(gw, "DELETE", "/healthz")  # served, for GET and HEAD only
+    r.assert_text_error(405)
+    assert r.headers["Allow"] == "GET,HEAD"
+    r = await call(gw, "GET", "/admin/pipes/x/messages")  # another route's prefix
+    r.assert_text_error(405)
+    assert r.headers["Allow"] == "DELETE"
+
+
 async def test_S4_406_is_text_plain(gw: Gateway) -> None:
     (await call(gw, "GET", DOMAIN, Accept="image/gif")).assert_text_error(406)
 

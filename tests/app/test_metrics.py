@@ -119,6 +119,24 @@ async def test_counters_move_by_exactly_the_traffic(make_gateway: MakeGateway) -
 FEED_ROUTE = "/restms/feed/{name}"
 
 
+async def test_requests_no_route_serves_are_one_route(make_gateway: MakeGateway) -> None:
+    """However many paths nothing serves, they count under one label set (and one entry)."""
+    gw = await make_gateway(metrics_access="loopback")
+    before, _ = await scrape(gw)
+    for path in ("/no/such/thing", "/nor/this", "/nor/that"):
+        async with gw.http.get(path) as r:
+            assert r.status == 404
+    async with gw.http.delete("/healthz") as r:
+        assert r.status == 405
+    after, text = await scrape(gw)
+    requests = "restms_http_requests_total"
+    assert delta(before, after, requests, route="(unmatched)", method="GET", status="404") == 3
+    assert delta(before, after, requests, route="(unmatched)", method="DELETE", status="405") == 1
+    labels = ('route="(unmatched)"', 'method="GET"', 'status="404"')
+    lines = [x for x in text.splitlines() if x.startswith(requests + "{")]
+    assert len([x for x in lines if all(label in x for label in labels)]) == 1
+
+
 async def test_waiting_requests_are_counted_by_kind(make_gateway: MakeGateway) -> None:
     gw = await make_gateway(metrics_access="loopback", max_wait=30.0)
     pipe = await new_pipe(gw)

@@ -14,6 +14,7 @@ from auth.scopes import ACTIONS, PREFIX
 from gateway.app import build_app
 from gateway.authn import PUBLIC
 from gateway.config import Config
+from gateway.middleware import UNROUTED
 from gateway.oauth import PUBLIC_PATHS
 from gateway.resources import METHODS
 
@@ -35,6 +36,8 @@ def _served_methods() -> dict[str, set[str]]:
     """Every path template the router serves, with its methods ("*": any)."""
     served: dict[str, set[str]] = {}
     for resource in build_app(Config()).router.resources():
+        if resource.name == UNROUTED:  # every path: the router's 404 and 405, not an API
+            continue
         served.setdefault(resource.canonical, set()).update(r.method for r in resource)
     return served
 
