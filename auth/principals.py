@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from .scopes import Grants, grants
 
 GUEST = "guest"
+MEMO = 65_536  # answers the admits memo keeps; cleared when full
+SEEN = 4096  # answers the sees memo keeps (it holds Grants objects): cleared when full
 NAME = re.compile(r"[A-Za-z0-9._@:/+-]{1,200}")
 
 
@@ -107,6 +109,9 @@ class Tenants:
     def __init__(self, acl: Mapping[str, Iterable[str]]) -> None:
         self._acl = {domain: tuple(patterns) for domain, patterns in acl.items()}
         self._memo: dict[tuple[str, str], bool] = {}
+        # sees() answers by domain, name and grants (shared objects, hashed by identity):
+        # asked on every request, it is one lookup then, not three calls.
+        self._seen: dict[tuple[str, str, Grants], bool] = {}
 
     def admits(self, domain: str, name: str) -> bool:
         key = (domain, name)
@@ -114,10 +119,17 @@ class Tenants:
         if answer is None:
             patterns = self._acl.get(domain, ("*",))
             answer = any(p == "*" or fnmatch.fnmatchcase(name, p) for p in patterns)
-            if len(self._memo) >= 65_536:
+            if len(self._memo) >= MEMO:
                 self._memo.clear()
             self._memo[key] = answer
         return answer
 
     def sees(self, principal: Principal, domain: str) -> bool:
-        return self.admits(domain, principal.name) and principal.grants.sees(domain)
+        key = (domain, principal.name, principal.grants)
+        answer = self._seen.get(key)
+        if answer is None:
+            answer = self.admits(domain, principal.name) and principal.grants.sees(domain)
+            if len(self._seen) >= SEEN:
+                self._seen.clear()
+            self._seen[key] = answer
+        return answer

@@ -109,3 +109,14 @@ def test_tenants_need_both_the_domain_acl_and_a_scope() -> None:
     assert tenants.sees(Principal("bob", everywhere), "default")  # no ACL: everyone
     only_beta = grants(("restms:read:domain/beta",))
     assert not tenants.sees(Principal("bob", only_beta), "default")  # no scope reaches it
+
+
+def test_tenants_answer_by_name_and_grants_when_remembered() -> None:
+    """The same name with other grants (another token) is answered for those grants."""
+    tenants = Tenants({"beta": ("bob",)})
+    wide, narrow = grants(("restms:read",)), grants(("restms:read:domain/beta",))
+    for _ in range(2):  # the second round is answered from the memo
+        assert tenants.sees(Principal("bob", wide), "default")
+        assert not tenants.sees(Principal("bob", narrow), "default")
+        assert tenants.sees(Principal("bob", narrow), "beta")
+        assert not tenants.sees(Principal("alice", wide), "beta")
