@@ -114,6 +114,19 @@ async def fanout_fixture(base: str, feed_name: str) -> dict[str, str]:
         return {"feed": feed, "pipe": pipe, "asynclet": await asynclet_of(http, pipe)}
 
 
+async def skipped_full(base: str) -> int:
+    """Copies the gateway could not place because their pipe was full, from /metrics
+    (the benchmarks open it to loopback): a publish run must not add to it."""
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/metrics") as r:
+        text = await r.text()
+        if r.status != 200:
+            raise SetupError(f"GET /metrics -> {r.status}: {text[:300]}")
+    for line in text.splitlines():
+        if line.startswith("restms_messages_skipped_full_total "):
+            return int(float(line.split()[1]))
+    raise SetupError("GET /metrics has no restms_messages_skipped_full_total")
+
+
 async def drop_fixture(base: str, fixture: dict[str, str]) -> None:
     async with aiohttp.ClientSession() as http:
         await delete(http, fixture["pipe"])

@@ -143,13 +143,22 @@ def measure(
 ) -> dict[str, Any]:
     _, content_type, per_request, connections = cases()[case]
     fixture = None
+    skipped = 0
     if kind == "gateway":
         fixture = uvloop.run(rest.fanout_fixture(server.base, feed_name))
         url = fixture["feed"]
+        skipped = uvloop.run(rest.skipped_full(server.base))
     else:
         url = f"{server.base}/restms/feed/{feed_name}"
     try:
         result = run_wrk(server, url, body_file, content_type, duration, connections)
+        if fixture is not None:
+            skipped = uvloop.run(rest.skipped_full(server.base)) - skipped
+            if skipped:
+                raise RuntimeError(
+                    f"{skipped} copies were skipped because the pipe was full: the run "
+                    "measured skipping, not placing messages (raise RESTMS_MAX_PIPE_*)"
+                )
     finally:
         if fixture is not None and server.alive():
             uvloop.run(rest.drop_fixture(server.base, fixture))
