@@ -429,7 +429,9 @@ def allowed(kind: str) -> tuple[str, ...]:
     return tuple([*names, "HEAD"]) if "GET" in names else tuple(names)
 
 
-async def dispatch(request: web.Request, target: Any, engine: Engine) -> web.StreamResponse:
+def dispatch(request: web.Request, target: Any, engine: Engine) -> Awaitable[web.StreamResponse]:
+    """The checks of the method table, then the reply to await. Not a coroutine itself:
+    it would be one more per request, and what it decides needs no waiting."""
     kind = _KINDS[type(target)]
     method = "GET" if request.method == "HEAD" else request.method
     entry = METHODS[kind].get(method)
@@ -441,14 +443,14 @@ async def dispatch(request: web.Request, target: Any, engine: Engine) -> web.Str
         raise Forbidden(entry)
     access.check(request, target)
     if request.method == "POST" and idempotency.HEADER in request.headers:
-        return await idempotency.once(
+        return idempotency.once(
             request,
             request.app[REPLIES],
             http.principal(request),
             http.read_body,
             lambda: _run(entry, request, target, engine),
         )
-    return await _run(entry, request, target, engine)
+    return _run(entry, request, target, engine)
 
 
 async def _run(
