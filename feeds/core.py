@@ -110,6 +110,9 @@ class Core(Staging, Placement):
         self.hooks: dict[str, Pipe] = {}
         self.on_hook: Callable[[Pipe], None] | None = None
         self._routed: list[Pipe] | None = None  # copies placed by the publish under way
+        # ... and the copies full pipes skipped: (message index, pipe, size) each
+        self._skipped: list[tuple[int, Pipe, int]] | None = None
+        self._marks: list[int] | None = None  # the publish's routes list: one per message
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.

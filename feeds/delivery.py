@@ -79,9 +79,11 @@ class Delivery(Core):
         # message makes its two events as tuples, which costs less than a record.
         routes: list[int] | None = None
         routed: list[Pipe] | None = None
+        skipped: list[tuple[int, Pipe, int]] | None = None
         if self.mirror is not None and len(messages) > 1:
-            routes = []
+            routes = self._marks = []
             routed = self._routed = []
+            skipped = self._skipped = []
         try:
             for index, spec in enumerate(messages):
                 if routed is not None:
@@ -101,11 +103,11 @@ class Delivery(Core):
                     window.add(message_id, count, mono)
         finally:
             if routed is not None:
-                self._routed = None
+                self._routed = self._skipped = self._marks = None
         self.counters.published += len(messages) - len(repeats)
         self.counters.duplicates += len(repeats)
         if self.mirror is not None:
-            if routes is None or routed is None:
+            if routes is None or routed is None or skipped is None:
                 emit_publish(self.mirror, now, feed, messages, counts, owner)
             else:
                 known = ids if self.config.dedup_window else _message_ids(messages)
@@ -121,6 +123,7 @@ class Delivery(Core):
                     linked,
                     routed,
                     routes,
+                    skipped,
                 )
         return counts
 
@@ -311,7 +314,11 @@ class Delivery(Core):
             return True
         self.counters.skipped_full += 1
         if self.mirror is not None:
-            emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
+            skipped, marks = self._skipped, self._marks
+            if skipped is not None and marks is not None:  # a publish: one record with it
+                skipped.append((len(marks) - 1, pipe, size))  # marks: one per message so far
+            else:
+                emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
         if self.events is not None:
             self.events.pipe_full(pipe, feed, size)
         return False

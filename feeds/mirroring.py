@@ -210,14 +210,18 @@ def emit_request(
     linked: bool,
     pipes: list[Pipe],
     routes: list[int],
+    skipped: list[tuple[int, Pipe, int]],
 ) -> None:
     """An accepted publish as one request record: the "publish" event of each message
-    (outcome "ok" or, by its count, "duplicate"; the size of its embedded contents)
-    and a "route" event for each copy placed in a pipe (``pipes``, in order; before
+    (outcome "ok" or, by its count, "duplicate"; the size of its embedded contents),
+    a "route" event for each copy placed in a pipe (``pipes``, in order; before
     message ``i`` there were ``routes[i]`` of them; the size of each copy is its
-    message's in ``claimed``, which counts the staged contents it ``linked`` too).
+    message's in ``claimed``, which counts the staged contents it ``linked`` too),
+    and a "drop" event (outcome "full") for each copy a full pipe skipped
+    (``skipped``: the message's index, the pipe and the copy's size).
     Each column is a list only where the messages differ: the common publish costs a
-    few C-level passes, not two tuples a message."""
+    few C-level passes, not two tuples a message (nor one a skipped copy, which is
+    when the gateway is busiest)."""
     name = feed.name
     n = len(messages)
     if not n:
@@ -243,11 +247,13 @@ def emit_request(
             shown = digest(first.key)
         else:
             shown = [digest(pipe.key) for pipe in pipes]
+    drops = [(index, digest(pipe.key), size) for index, pipe, size in skipped] or None
+    rows = n + len(pipes) + len(skipped)
     sink(
         (
             now,
             REQUEST,
-            n + len(pipes),
+            rows,
             feed.domain.name,
             name if name is not None else digest(feed.key),
             feed.type,
@@ -260,8 +266,9 @@ def emit_request(
             shown,
             None if len(pipes) == n and routes == list(range(n)) else routes,
             route_sizes,
+            drops,
         ),
-        n + len(pipes),
+        rows,
     )
 
 

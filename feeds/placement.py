@@ -25,6 +25,8 @@ class Placement:
     epoch: int
     mirror: Sink | None
     _routed: list[Pipe] | None
+    _skipped: list[tuple[int, Pipe, int]] | None
+    _marks: list[int] | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock

@@ -44,6 +44,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .schema import (
+    DROP,
+    FULL,
     OK,
     PUBLISH,
     REQUEST,
@@ -176,13 +178,13 @@ class RequestRows:
         """The record's publish rows (one a message), then its route rows (one a copy
         placed in a pipe), exactly as the events would have been."""
         ts, _, rows, domain, feed, feed_type, principal, n, where, ids, sizes = request[:11]
-        outcome, pipes, routes, route_sizes = request[11:]
-        copies = rows - n
+        outcome, pipes, routes, route_sizes, drops = request[11:]
+        copies = rows - n - (len(drops) if drops else 0)
         self.owner += _run(len(self.requests), rows)
         self.requests.append((ts, domain, feed, feed_type))
         self.rows += rows
         self.principal += _run(self.principals.code(principal), n)
-        self.principal += _run(0, copies)  # None
+        self.principal += _run(0, rows - n)  # None: route and drop rows
         self.event += _run(0, n)
         self.event += _run(1, copies)
         code = self.outcomes.code
@@ -206,18 +208,25 @@ class RequestRows:
             self.address += addresses
             self.message_id += message_ids
             self.size += copied
-            return
-        ends = [*routes[1:], copies]
-        which = [m for m in range(n) for _ in range(ends[m] - routes[m])]
-        self.address += [addresses[m] for m in which]
-        self.message_id += [message_ids[m] for m in which]
-        self.size += [copied[m] for m in which]
+        else:
+            ends = [*routes[1:], copies]
+            which = [m for m in range(n) for _ in range(ends[m] - routes[m])]
+            self.address += [addresses[m] for m in which]
+            self.message_id += [message_ids[m] for m in which]
+            self.size += [copied[m] for m in which]
+        if drops:  # copies full pipes skipped: "drop" rows, outcome "full"
+            self.event += _run(2, len(drops))
+            self.outcome += _run(self.outcomes.code(FULL), len(drops))
+            self.pipe += array("i", [self.pipes.code(pipe) for _, pipe, _ in drops])
+            self.address += [addresses[m] for m, _, _ in drops]
+            self.message_id += [message_ids[m] for m, _, _ in drops]
+            self.size += [size for _, _, size in drops]
 
     def batch(self) -> pa.RecordBatch:
         owner = _ints(self.owner)
         per_request = [pa.array(column) for column in zip(*self.requests, strict=True)]
         ts, domain, feed, feed_type = (pc.take(column, owner) for column in per_request)
-        events = _Codes(PUBLISH, ROUTE)
+        events = _Codes(PUBLISH, ROUTE, DROP)
         nulls = pa.nulls(self.rows)
         columns = [
             _timestamps(ts.cast(pa.float64())),

@@ -53,6 +53,7 @@ EVENTS: Final = (
 )
 
 OK: Final = "ok"
+FULL: Final = "full"  # the outcome of a drop: the pipe was full and skipped the copy
 
 SCHEMA: Final = pa.schema(
     [
@@ -117,6 +118,7 @@ Request = tuple[
     list[str] | str | None,  # pipe of each route row (a digest)
     list[int] | None,  # routes so far after each message; None: one route a message
     list[int] | None,  # size of each message's routed copies; None: as ``size``
+    list[tuple[int, str, int]] | None,  # drop rows: (message, pipe, size) a full pipe skipped
 ]
 ROWS: Final = 2  # the position of rows in a request record
 

@@ -31,7 +31,15 @@ import pytest
 from feeds import Engine, EngineConfig
 from feeds.mirroring import emit_feed, emit_publish
 from feeds.model import Feed
-from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec
+from restms.specs import (
+    EmbeddedContent,
+    FeedSpec,
+    JoinSpec,
+    LinkedContent,
+    MessageSpec,
+    PipeOptions,
+    PipeSpec,
+)
 from spark_sink import schema, writer
 from spark_sink.lake import RequestRows, record_batch
 from spark_sink.mirror import Mirror, MirrorConfig, redact
@@ -293,6 +301,7 @@ def _published(
     e.mirror = lambda item, rows=1: items.append(item)
     pipes = [p for p in e.pipes_of(OWNER)]
     before = {p: set(p.messages) for p in pipes}
+    skipped = e.counters.skipped_full
     counts = e.publish(feed, messages, OWNER)
     e.mirror = None
     now = items[0][0]
@@ -304,6 +313,15 @@ def _published(
                 emit_feed(
                     expected.append, "route", now, feed, held.spec, held.size, None, pipe=pipe
                 )
+    if e.counters.skipped_full > skipped:  # the copies full pipes skipped, as _room says
+        for pipe in pipes:
+            if pipe.max_messages == 1:  # the tests' full pipe: every copy past its first
+                for spec in messages[1:] if not before[pipe] else messages:
+                    size = sum(len(c.value) for c in spec.contents)  # embedded only here
+                    emit_feed(expected.append, "drop", now, feed, spec, size, None, "full", pipe)
+        assert len(expected) - len(messages) - sum(
+            len(p.messages) - len(before[p]) for p in pipes
+        ) == (e.counters.skipped_full - skipped)
     if len(messages) > 1:
         (record,) = items
         assert record[1] == schema.REQUEST
@@ -349,6 +367,15 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
         (orders, [MessageSpec(address="eu.1"), MessageSpec(address="eu.1")]),  # one address
         (private, [MessageSpec(contents=text), MessageSpec(address="b")]),
         (e.default_feed, [MessageSpec(address=first.key), MessageSpec(address="nobody")]),
+    ]
+    # A pipe that holds one message: the first copy fits, every later one is skipped
+    # ("drop", outcome "full", in the record too), when it is the only pipe or one of two.
+    tiny, _ = e.create_feed(domain, FeedSpec(name="tiny", type="fanout"), OWNER)
+    full = e.create_pipe(domain, PipeSpec(options=PipeOptions(max_messages=1)), OWNER)
+    e.create_join(full, JoinSpec(feed_path="/restms/feed/tiny"))
+    cases += [
+        (tiny, [MessageSpec(address="t.1", contents=text), MessageSpec(address="t.2")]),
+        (tiny, [MessageSpec(address="t.3", contents=text), MessageSpec(address="t.4")]),
     ]
     for feed, messages in cases:
         items, expected = _published(e, feed, messages)
