@@ -23,7 +23,7 @@ from restms.uris import split_path
 
 from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
 from .events import Events
-from .mirroring import Sink, emit_pipe
+from .mirroring import Copies, Sink, emit_pipe
 from .model import (
     Clock,
     Domain,
@@ -109,10 +109,9 @@ class Core(Staging, Placement):
         # deleted. Their delivery state changed since the last journal is written lazily.
         self.hooks: dict[str, Pipe] = {}
         self.on_hook: Callable[[Pipe], None] | None = None
-        self._routed: list[Pipe] | None = None  # copies placed by the publish under way
-        # ... and the copies full pipes skipped: (message index, pipe, size) each
-        self._skipped: list[tuple[int, Pipe, int]] | None = None
-        self._marks: list[int] | None = None  # the publish's routes list: one per message
+        # What the publish under way did with its copies, for its request record
+        # (feeds.mirroring.Copies), while a publish of several messages is mirrored.
+        self._copies: Copies | None = None
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.

@@ -17,7 +17,7 @@ from restms.uris import split_path
 
 from .core import Core
 from .dedup import DedupWindow
-from .mirroring import emit_feed, emit_publish, emit_request
+from .mirroring import Copies, emit_feed, emit_publish, emit_request
 from .model import (
     Blob,
     Feed,
@@ -77,17 +77,13 @@ class Delivery(Core):
         # With the mirror on, the copies of a batch are collected (``_deliver``) and
         # mirrored with the publish as one request record (feeds.mirroring); one
         # message makes its two events as tuples, which costs less than a record.
-        routes: list[int] | None = None
-        routed: list[Pipe] | None = None
-        skipped: list[tuple[int, Pipe, int]] | None = None
+        copies: Copies | None = None
         if self.mirror is not None and len(messages) > 1:
-            routes = self._marks = []
-            routed = self._routed = []
-            skipped = self._skipped = []
+            copies = self._copies = Copies()
         try:
             for index, spec in enumerate(messages):
-                if routed is not None:
-                    routes.append(len(routed))  # type: ignore[union-attr]  # set with routed
+                if copies is not None:
+                    copies.routes.append(len(copies.pipes))
                 if repeats and index in repeats:
                     assert window is not None
                     assert ids is not None
@@ -102,12 +98,11 @@ class Delivery(Core):
                     assert window is not None
                     window.add(message_id, count, mono)
         finally:
-            if routed is not None:
-                self._routed = self._skipped = self._marks = None
+            self._copies = None
         self.counters.published += len(messages) - len(repeats)
         self.counters.duplicates += len(repeats)
         if self.mirror is not None:
-            if routes is None or routed is None or skipped is None:
+            if copies is None:
                 emit_publish(self.mirror, now, feed, messages, counts, owner)
             else:
                 known = ids if self.config.dedup_window else _message_ids(messages)
@@ -121,9 +116,7 @@ class Delivery(Core):
                     known,
                     claimed,
                     linked,
-                    routed,
-                    routes,
-                    skipped,
+                    copies,
                 )
         return counts
 
@@ -314,9 +307,9 @@ class Delivery(Core):
             return True
         self.counters.skipped_full += 1
         if self.mirror is not None:
-            skipped, marks = self._skipped, self._marks
-            if skipped is not None and marks is not None:  # a publish: one record with it
-                skipped.append((len(marks) - 1, pipe, size))  # marks: one per message so far
+            copies = self._copies
+            if copies is not None:  # a publish: one record with it (routes: one a message)
+                copies.skipped.append((len(copies.routes) - 1, pipe, size))
             else:
                 emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
         if self.events is not None:

@@ -25,6 +25,7 @@ import functools
 import hashlib
 import operator
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from restms.specs import Duplicate, EmbeddedContent, MessageSpec
@@ -37,6 +38,17 @@ class Sink(Protocol):
     """Where events go: one event tuple (``rows`` 1) or one request record."""
 
     def __call__(self, item: tuple[Any, ...], rows: int = 1, /) -> None: ...
+
+
+@dataclass(slots=True)
+class Copies:
+    """What a publish of several messages did with its copies, collected while it
+    routes (``Engine.publish``, ``_deliver``, ``_room``) for its request record."""
+
+    routes: list[int] = field(default_factory=list)  # copies placed before each message
+    pipes: list[Pipe] = field(default_factory=list)  # the pipe of each copy placed
+    # (message index, pipe, size) of each copy a full pipe skipped
+    skipped: list[tuple[int, Pipe, int]] = field(default_factory=list)
 
 
 OK = "ok"
@@ -208,17 +220,15 @@ def emit_request(
     ids: list[str | None] | None,
     claimed: Sequence[tuple[object, int]],
     linked: bool,
-    pipes: list[Pipe],
-    routes: list[int],
-    skipped: list[tuple[int, Pipe, int]],
+    copies: Copies,
 ) -> None:
     """An accepted publish as one request record: the "publish" event of each message
     (outcome "ok" or, by its count, "duplicate"; the size of its embedded contents),
-    a "route" event for each copy placed in a pipe (``pipes``, in order; before
-    message ``i`` there were ``routes[i]`` of them; the size of each copy is its
-    message's in ``claimed``, which counts the staged contents it ``linked`` too),
-    and a "drop" event (outcome "full") for each copy a full pipe skipped
-    (``skipped``: the message's index, the pipe and the copy's size).
+    a "route" event for each copy placed in a pipe (``copies.pipes``, in order;
+    before message ``i`` there were ``copies.routes[i]`` of them; the size of each
+    copy is its message's in ``claimed``, which counts the staged contents it
+    ``linked`` too), and a "drop" event (outcome "full") for each copy a full pipe
+    skipped (``copies.skipped``: the message's index, the pipe and the copy's size).
     Each column is a list only where the messages differ: the common publish costs a
     few C-level passes, not two tuples a message (nor one a skipped copy, which is
     when the gateway is busiest)."""
@@ -226,6 +236,7 @@ def emit_request(
     n = len(messages)
     if not n:
         return
+    pipes, routes, skipped = copies.pipes, copies.routes, copies.skipped
     where: list[str | None] | str | None
     if name != DEFAULT_FEED and not any(map(_HEADERS, messages)):
         where = [spec.address or None for spec in messages]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from restms.specs import MessageSpec
 
 from .config import OVERHEAD, Counters, EngineConfig
-from .mirroring import Sink, emit_feed
+from .mirroring import Copies, Sink, emit_feed
 from .model import Clock, Feed, Message, Parts, Pipe, Queued, content_size
 from .routing import QUEUEING_TYPES
 from .selection import eligible
@@ -24,9 +24,7 @@ class Placement:
     held: int
     epoch: int
     mirror: Sink | None
-    _routed: list[Pipe] | None
-    _skipped: list[tuple[int, Pipe, int]] | None
-    _marks: list[int] | None
+    _copies: Copies | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -53,8 +51,9 @@ class Placement:
             message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
         if self.mirror is not None:
-            if self._routed is not None:  # a publish: mirrored with it, as one record
-                self._routed.append(pipe)
+            copies = self._copies
+            if copies is not None:  # a publish: mirrored with it, as one record
+                copies.pipes.append(pipe)
             else:
                 emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)

@@ -165,7 +165,7 @@ class RequestRows:
         self.owner = array("i")  # the request of each row
         self.principals = _Codes(None)
         self.principal = array("i")
-        self.event = array("i")  # 0 publish, 1 route
+        self.event = array("i")  # 0 publish, 1 route, 2 drop (as batch() names them)
         self.outcomes = _Codes(OK)
         self.outcome = array("i")
         self.pipes = _Codes(None)
@@ -175,8 +175,9 @@ class RequestRows:
         self.size: list[int] = []
 
     def add(self, request: Request) -> None:
-        """The record's publish rows (one a message), then its route rows (one a copy
-        placed in a pipe), exactly as the events would have been."""
+        """The record's publish rows (one a message), its route rows (one a copy
+        placed in a pipe), then its drop rows (one a copy a full pipe skipped),
+        exactly as the events would have been."""
         ts, _, rows, domain, feed, feed_type, principal, n, where, ids, sizes = request[:11]
         outcome, pipes, routes, route_sizes, drops = request[11:]
         copies = rows - n - (len(drops) if drops else 0)
