@@ -1,8 +1,8 @@
 """Resource names and private hashes (U2, U6, U7).
 
-Private hashes are 144 random bits in URL-safe base64: opaque, unguessable, never
-reused. Public names and addresses are case-sensitive UTF-8 strings (Q31); names
-may not contain ``/``, white space or ``@`` (U7).
+Private hashes are 144 random bits in URL-safe base64, never starting with "-": opaque,
+unguessable, never reused. Public names and addresses are case-sensitive UTF-8 strings
+(Q31); names may not contain ``/``, white space or ``@`` (U7).
 """
 
 from __future__ import annotations
@@ -18,8 +18,13 @@ _BAD_NAME = re.compile(r"[/@\s\x00-\x1f\x7f]")
 
 
 def new_hash() -> str:
-    """A fresh private resource hash (24 URL-safe characters, 144 bits)."""
-    return secrets.token_urlsafe(18)
+    """A fresh private resource hash: 24 URL-safe characters, 144 random bits less the
+    0.02 bit it costs that none starts with "-" (a command line such as ``main.py pipes
+    inspect NAME`` would read one as an option), which one draw in 64 does: drawn again."""
+    while True:
+        name = secrets.token_urlsafe(18)
+        if name[0] != "-":
+            return name
 
 
 def check_name(name: str, what: str) -> str:
