@@ -40,6 +40,9 @@ from .xmlcodec import CodecLimits, local_tag, parse_root
 from .xmlscan import Scanned, Tag, scan
 
 _T = TypeVar("_T")
+# Format.JSON is read through EnumType.__getattr__'s hook on Python 3.11, some 900
+# instructions a time; a module constant is one global load (both run per publish).
+_JSON = Format.JSON
 
 
 def messages(
@@ -56,7 +59,7 @@ def direct(
     body: bytes, fmt: Format, codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
     """The messages of a publish body, or None when the generic path must decide."""
-    if fmt is Format.JSON:
+    if fmt is _JSON:
         return _from_json(body, codec, limits)
     scanned = scan(body)
     if scanned is not None:
@@ -81,7 +84,8 @@ def _from_scan(
     scanned: list[Scanned], codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
     """The plain shape :func:`~restms.xmlscan.scan` recognised, under the same limits."""
-    if not 0 < len(scanned) <= min(limits.max_messages, codec.max_elements):
+    count = len(scanned)  # compared twice: min() is a dear call on Python 3.11
+    if not 0 < count <= limits.max_messages or count > codec.max_elements:
         return None
     out: list[MessageSpec] = []
     elements = 0
@@ -161,16 +165,18 @@ def _from_tree(
 
 
 def _strings(obj: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, str] | None:
-    """The properties of a JSON element when all are strings (J3), else None."""
-    attrs = {}
+    """The properties of a JSON element when all are strings (J3), else None. With
+    nothing to skip (a header or a content), the element itself: it is only read."""
+    attrs: dict[str, str] | None = {} if skip else None
     names = NAMES
     for key, value in obj.items():
         if key in skip:
             continue
         if type(value) is not str or (key not in names and not is_name(key)):
             return None
-        attrs[key] = value
-    return attrs
+        if attrs is not None:
+            attrs[key] = value
+    return obj if attrs is None else attrs
 
 
 _PARTS = ("header", "content")  # a message's child elements, not properties
@@ -250,8 +256,8 @@ def counts(values: list[int], fmt: Format) -> bytes:
     The reply to one message routed to one pipe, the most common, is a constant.
     """
     if len(values) == 1 and values[0] == 1 and type(values[0]) is int:
-        return _ONE_JSON if fmt is Format.JSON else _ONE_XML
-    if fmt is Format.JSON:
+        return _ONE_JSON if fmt is _JSON else _ONE_XML
+    if fmt is _JSON:
         return orjson.dumps({ROOT: {"message": [_count_attrs(n) for n in values]}})
     return b"".join(
         [

@@ -56,6 +56,8 @@ def bare_type(content_type: str | None) -> str:
     return content_type.split(";", 1)[0].strip().lower()
 
 
+# Remembered per header value: clients repeat theirs, and this runs on every publish.
+@lru_cache(maxsize=256)
 def body_format(content_type: str | None) -> Format | None:
     """The structured format of a body, or None when the type is not structured."""
     return _BODY_TYPES.get(bare_type(content_type))

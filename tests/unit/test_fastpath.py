@@ -216,3 +216,16 @@ def test_json_message_heads_are_checked_the_same_when_remembered() -> None:
     body = json.dumps({"restms": {"message": [one, one]}}).encode()
     first, second = fastpath.direct(body, Format.JSON, CODEC, LIMITS) or ()
     assert first == second == specs.messages(decode(body, Format.JSON, CODEC), LIMITS)[0]
+
+
+@pytest.mark.parametrize(
+    ("value", "refused"), [("\ufffe", True), ("\uffff", True), ("\x01", True), ("a\\b", False)]
+)
+def test_json_strings_that_may_hold_what_xml_cannot_carry_defer(value: str, refused: bool) -> None:
+    """U+FFFE and U+FFFF arrive as raw UTF-8 (byte 0xEF), controls and backslashes
+    escaped: the generic path checks every string of such a body."""
+    one = {"address": "a", "content": [{"value": value}]}
+    body = json.dumps({"restms": {"message": [one]}}, ensure_ascii=False).encode()
+    assert fastpath.direct(body, Format.JSON, CODEC, LIMITS) is None
+    outcome = _outcome(lambda: fastpath.messages(body, Format.JSON, CODEC, LIMITS))
+    assert (outcome[0] == "BadRequest") is refused

@@ -420,6 +420,14 @@ def test_M6_embedded_content_validates_when_built() -> None:
         EmbeddedContent(encoding="zip")
 
 
+@pytest.mark.parametrize("code", range(0x20))
+def test_M6_raw_bytes_with_a_control_xml_cannot_carry_become_base64(code: int) -> None:
+    data = b"text " + bytes([code]) + b" more"
+    content = EmbeddedContent.of(data, "text/plain")
+    assert content.encoding == ("plain" if code in b"\t\n\r" else "base64")
+    assert content.data() == data
+
+
 # ---------------------------------------------------------------- limits (M5 caps, 413)
 def test_M5_too_many_messages_is_payload_too_large() -> None:
     limits = MessageLimits(max_messages=2)

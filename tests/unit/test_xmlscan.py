@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from lxml import etree
 
-from restms import RestMSError
+from restms import RestMSError, xmlscan
 from restms.xmlcodec import local_tag, parse_root
 from restms.xmlscan import MAX_BODY, Scanned, scan
 from tests.examples import examples
@@ -276,6 +276,40 @@ def test_messages_read_whole_or_tag_by_tag_agree_with_lxml(inner: bytes) -> None
     assert _agrees(body)
 
 
+ROOT = b'<restms xmlns="http://www.restms.org/schema/restms">'
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        b'<message address="a"><content type="t">x &amp; y</content></message></restms>',
+        b"<message/></restms>",
+        b"<message></message></restms>\n",
+        b'<message><header name="h"/><content>x</content></message></restms >',
+        b"<message><content>x</content></message> <message/></restms>",
+        b"<message><content>one</content><content>two</content></message></restms>",
+        b"<message><content/></message><message><content>x</content></message></restms>",
+    ],
+)
+def test_the_common_opening_and_end_agree_with_lxml(rest: bytes) -> None:
+    """The root's usual start tag and a first message are read in one match."""
+    assert _agrees(ROOT + rest)
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        b"<message><content>x</content></message></restms>x",
+        b"<message><content>x</content></message></restms></restms>",
+        b"<message><content>x</content></message>",
+        b"<message><content>x</content></message><feed/></restms>",
+        b"<message/><content>x</content></message></restms>",
+    ],
+)
+def test_near_misses_of_the_common_document_are_left_to_lxml(rest: bytes) -> None:
+    assert scan(ROOT + rest) is None
+
+
 @pytest.mark.parametrize(
     "inner",
     [
@@ -300,12 +334,26 @@ def test_large_bodies_are_checked_as_small_ones(bad: str) -> None:
     assert scan(spoilt) is None
 
 
+@pytest.mark.parametrize("size", [10, 6000])  # both ways of looking for controls
+@pytest.mark.parametrize("code", range(0x20))
+def test_every_control_character_is_left_to_lxml(code: int, size: int) -> None:
+    text = "x" * size + chr(code)
+    body = f"<restms><message><content>{text}</content></message></restms>".encode()
+    if chr(code) in "\t\n":
+        assert _agrees(body)
+    else:
+        assert scan(body) is None
+
+
 def test_bodies_over_lxml_text_limit_are_left_to_lxml() -> None:
     text = b"a" * (MAX_BODY + 1)
     assert scan(b"<restms><message><content>" + text + b"</content></message></restms>") is None
 
 
-def test_repeated_attribute_lists_are_shared_not_rebuilt() -> None:
+def test_repeated_attribute_lists_are_shared_not_rebuilt(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An empty cache: after thousands of generated documents it may be full (it keeps
+    # 1,024 tags), and then nothing is shared.
+    monkeypatch.setattr(xmlscan, "_SEEN", {})
     body = b'<restms><message address="k"/><message address="k"/></restms>'
     first, second = scan(body) or []
     assert first[0].attrs == {"address": "k"}
