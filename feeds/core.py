@@ -112,6 +112,11 @@ class Core(Staging, Placement):
         # What the publish under way did with its copies, for its request record
         # (feeds.mirroring.Copies), while a publish of several messages is mirrored.
         self._copies: Copies | None = None
+        # While a publish of one message routes it (Delivery._publish_alone), with the
+        # mirror on: its copy's route event waits (``_held``, the copy's pipe) to be
+        # mirrored with the publish event as one record (feeds.mirroring.emit_routed).
+        self._alone = False
+        self._held: Pipe | None = None
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.
@@ -201,10 +206,10 @@ class Core(Staging, Placement):
             raise NotFound(f"no domain named {name!r}") from None
 
     def public_feed(self, name: str) -> Feed:
-        feed = self.public_feeds.get(name)
-        if feed is None:
-            raise NotFound(f"no feed named {name!r}")
-        return feed
+        try:
+            return self.public_feeds[name]
+        except KeyError:
+            raise NotFound(f"no feed named {name!r}") from None
 
     def resolve(self, key: str) -> Resource:
         """The private resource ``/restms/resource/{key}`` names, or 404."""
@@ -542,6 +547,7 @@ class Core(Staging, Placement):
                 ("join", key, pipe.key, feed.key, spec.type, spec.address, headers, is_default)
             )
         feed.joins[key] = join
+        feed.joined = tuple(feed.joins.values())
         if feed.type in INDEXED_TYPES:
             feed.by_address.setdefault(spec.address, []).append(join)
         feed.topic_cache.clear()
@@ -566,6 +572,7 @@ class Core(Staging, Placement):
         if self.journal is not None:
             self.journal.append(("join-", join.key))
         feed.joins.pop(join.key, None)
+        feed.joined = tuple(feed.joins.values())
         peers = feed.by_address.get(join.spec.address)
         if peers is not None and join in peers:
             peers.remove(join)

@@ -17,7 +17,15 @@ from restms.uris import split_path
 
 from .core import Core
 from .dedup import DedupWindow
-from .mirroring import Copies, emit_feed, emit_publish, emit_request
+from .mirroring import (
+    OK,
+    Copies,
+    embedded,
+    emit_feed,
+    emit_publish,
+    emit_request,
+    emit_routed,
+)
 from .model import (
     Blob,
     Feed,
@@ -32,7 +40,6 @@ from .model import (
     alive,
     content_size,
 )
-from .routing import QUEUEING_TYPES
 from .selection import capacity, eligible, matching
 from .store import persistent
 
@@ -55,9 +62,12 @@ class Delivery(Core):
         if feed.deleted:
             alive(feed)
         ids = _message_ids(messages) if self.config.dedup_window else None
-        window = self._window(feed) if ids else None
-        repeats = self._repeats(window, ids) if ids else _NONE
-        if feed.type in QUEUEING_TYPES:
+        window: DedupWindow | None = None
+        repeats: AbstractSet[int] = _NONE
+        if ids:
+            window = self._window(feed)
+            repeats = self._repeats(window, ids)
+        if feed.queueing:
             would_queue = len(messages) - len(repeats) - capacity(feed)
             if would_queue > 0 and len(feed.queue) + would_queue > self.config.max_feed_queue:
                 if self.mirror is not None:
@@ -72,11 +82,17 @@ class Delivery(Core):
             self._check_room(feed, messages, repeats)
         claimed, linked = self._claim_contents(feed, messages, repeats, owner)
         now, mono = self._wall(), self._mono() if ids else 0.0
+        if self.mirror is not None and len(messages) == 1 and not repeats:
+            count = self._publish_alone(feed, messages[0], claimed[0], linked, owner, now)
+            if ids:  # (only when its message_id is set: _message_ids)
+                assert window is not None
+                assert ids[0]
+                window.add(ids[0], count, mono)
+            return [count]
         counts: list[int] = []
         route = self._route
         # With the mirror on, the copies of a batch are collected (``_deliver``) and
-        # mirrored with the publish as one request record (feeds.mirroring); one
-        # message makes its two events as tuples, which costs less than a record.
+        # mirrored with the publish as one request record (feeds.mirroring).
         copies: Copies | None = None
         if self.mirror is not None and len(messages) > 1:
             copies = self._copies = Copies()
@@ -99,11 +115,17 @@ class Delivery(Core):
                     window.add(message_id, count, mono)
         finally:
             self._copies = None
-        self.counters.published += len(messages) - len(repeats)
-        self.counters.duplicates += len(repeats)
-        if self.mirror is not None:
-            if copies is None:
-                emit_publish(self.mirror, now, feed, messages, counts, owner)
+        counters = self.counters
+        if repeats:
+            counters.published += len(messages) - len(repeats)
+            counters.duplicates += len(repeats)
+        else:
+            counters.published += len(messages)
+        if self.mirror is not None and messages:  # (a bridge may hand over none)
+            if copies is None:  # one message, a repeat: emit_publish's event, without its loop
+                spec = messages[0]
+                published = embedded(spec) if linked else claimed[0][1]
+                emit_feed(self.mirror, "publish", now, feed, spec, published, owner, "duplicate")
             else:
                 known = ids if self.config.dedup_window else _message_ids(messages)
                 emit_request(
@@ -119,6 +141,42 @@ class Delivery(Core):
                     copies,
                 )
         return counts
+
+    def _publish_alone(
+        self,
+        feed: Feed,
+        spec: MessageSpec,
+        claimed: tuple[Parts, int],
+        linked: bool,
+        owner: str | None,
+        now: float,
+    ) -> int:
+        """A publish of one message that is not a repeat, with the mirror on (the
+        commonest publish, so without the batch loop): routed as :meth:`publish` routes
+        each message. Placed in one pipe, its route and publish events are mirrored as
+        one shorter record (its route event is held until then, ``_deliver``); otherwise
+        its events are tuples, as :func:`emit_publish` makes them."""
+        assert self.mirror is not None
+        parts, size = claimed
+        durable = persistent(spec) if spec.props else False
+        self._alone = True
+        try:
+            count = self._route(feed, spec, parts, now, durable, size)
+        except BaseException:  # its copy was placed: the route event held, as it was
+            if self._held is not None:
+                emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=self._held)
+            raise
+        finally:
+            self._alone = False
+            held = self._held
+            self._held = None
+        self.counters.published += 1
+        published = embedded(spec) if linked else size  # staged parts: not here
+        if held is not None:  # its one copy's route event, then its publish event
+            emit_routed(self.mirror, now, feed, spec, held, size, owner, published)
+        else:
+            emit_feed(self.mirror, "publish", now, feed, spec, published, owner, OK)
+        return count
 
     def forget(self, feed: Feed, messages: Sequence[MessageSpec]) -> None:
         """A publish whose commit failed was not accepted: its ids leave the window, so a
@@ -220,14 +278,15 @@ class Delivery(Core):
         out: list[tuple[Parts, int]] = []
         for index, spec in enumerate(messages):
             size = 0
-            linked = False
             for content in spec.contents:
-                if type(content) is EmbeddedContent:
-                    size += len(content.value)
-                else:
-                    linked = True
-            if not linked or (skip and index in skip):
-                out.append((spec.contents, size))  # type: ignore[arg-type]  # all embedded
+                if type(content) is not EmbeddedContent:
+                    break
+                size += len(content.value)
+            else:  # all embedded (most messages)
+                out.append((spec.contents, size))  # type: ignore[arg-type]
+                continue
+            if skip and index in skip:
+                out.append((spec.contents, embedded(spec)))  # type: ignore[arg-type]
                 continue
             parts: list[Part | None] = []
             for content in spec.contents:
@@ -244,9 +303,11 @@ class Delivery(Core):
                 claimed[staged.key] = staged
                 parts.append(staged.blob)
             out.append((tuple(parts), content_size(parts)))
+        if not claimed:
+            return out, False
         for staged in claimed.values():
             self.delete_staged(staged)
-        return out, bool(claimed)
+        return out, True
 
     def _staged_at(self, path: str) -> StagedContent | None:
         where = split_path(path)
@@ -265,7 +326,7 @@ class Delivery(Core):
         size: int,
         redeliveries: int = 0,
     ) -> int:
-        if feed.type in QUEUEING_TYPES:
+        if feed.queueing:
             join = eligible(feed)
             if join is None:
                 self._enqueue(feed, (spec, parts, None, redeliveries), durable, front=False)
@@ -282,6 +343,7 @@ class Delivery(Core):
             return 1
         if not joins:
             return 0
+        self._alone = False  # several joins match: the copies' events as tuples, in order
         count = 0
         # A pipe gets one copy however many of its joins match; each matching join counts.
         took: set[Pipe] | None = None if len(joins) == 1 else set()
@@ -303,7 +365,7 @@ class Delivery(Core):
         or False when it skips the message (counted and mirrored)."""
         if pipe.overflow == "drop-oldest" and self._make_room(pipe, size):
             if self.events is not None:
-                self.events.pipe_full(pipe, feed, size)
+                self._tell_full(pipe, feed, size)
             return True
         self.counters.skipped_full += 1
         if self.mirror is not None:
@@ -313,8 +375,20 @@ class Delivery(Core):
             else:
                 emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
         if self.events is not None:
-            self.events.pipe_full(pipe, feed, size)
+            self._tell_full(pipe, feed, size)
         return False
+
+    def _tell_full(self, pipe: Pipe, feed: Feed, size: int) -> None:
+        """The system feed's "pipe.full" event (feeds.events), routed at once: while a
+        publish collects its copies or holds its route event, the event's own copy is
+        mirrored as itself, not as one of the publish's."""
+        assert self.events is not None
+        copies, alone, held = self._copies, self._alone, self._held
+        self._copies, self._alone, self._held = None, False, None
+        try:
+            self.events.pipe_full(pipe, feed, size)
+        finally:
+            self._copies, self._alone, self._held = copies, alone, held
 
     def _make_room(self, pipe: Pipe, size: int) -> bool:
         """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of

@@ -13,7 +13,9 @@ it on builds one tuple per event and never waits: the sink only queues (or drops
 An accepted publish is the exception, because it is the hot path: its publish and
 route events go as one request record (``spark_sink.schema.Request``, with the
 number of rows it stands for), lists of what differs between its messages, which
-the writer process expands into the same rows (:func:`emit_request`).
+the writer process expands into the same rows (:func:`emit_request`). The commonest,
+one message whose one copy went to one pipe, goes as one shorter record of its route
+and publish events (``spark_sink.schema.Routed``, :func:`emit_routed`).
 
 A pipe is named by a digest of its key, the same one :func:`feeds.delivery.label`
 shows, never by its name (a capability); a private feed by a digest of its key too.
@@ -53,6 +55,7 @@ class Copies:
 
 OK = "ok"
 REQUEST = "+request"  # a request record's mark (spark_sink.schema.REQUEST)
+ROUTED = "+route+publish"  # a routed publish's mark (spark_sink.schema.ROUTED)
 ORIGIN = "x-original-feed"  # the header a dead letter names its feed in
 PRIVATE = "(private)"  # a message's feed when it came from a private feed of another kind
 
@@ -113,6 +116,38 @@ def emit_feed(
             bridge,
         )
     )
+
+
+def emit_routed(
+    sink: Sink,
+    now: float,
+    feed: Feed,
+    spec: MessageSpec,
+    pipe: Pipe,
+    size: int,
+    principal: str | None,
+    published: int,
+) -> None:
+    """A publish of one message whose one copy went to ``pipe``, as one record
+    (``spark_sink.schema.Routed``) of its two events: "route" (``size``, the copy's
+    bytes, no principal), then "publish" (``principal``; ``published``, the bytes of
+    its embedded contents), both outcome "ok", as :func:`emit_feed` would make them.
+    The commonest publish: one tuple instead of two (and less than a request record)."""
+    name = feed.name
+    record = (
+        now,
+        ROUTED,
+        feed.domain.name,
+        name if name is not None else digest(feed.key),
+        feed.type,
+        address(name, spec) if name == DEFAULT_FEED or spec.headers else spec.address or None,
+        digest(pipe.key),
+        spec.prop("message_id") if spec.props else None,
+        size,
+        principal,
+        published,
+    )
+    sink(record, 2)
 
 
 def emit_pipe(
@@ -239,15 +274,19 @@ def emit_request(
     pipes, routes, skipped = copies.pipes, copies.routes, copies.skipped
     where: list[str | None] | str | None
     if name != DEFAULT_FEED and not any(map(_HEADERS, messages)):
-        where = [spec.address or None for spec in messages]
+        found = list(map(_ADDRESS, messages))  # in C: no Python step a message
+        if found.count(found[0]) == n:
+            where = found[0] or None  # one address for all: sent once
+        else:
+            where = [value or None for value in found]
     else:
         where = [address(name, spec) for spec in messages]
-    if where.count(where[0]) == n:
-        where = where[0]  # one address for all: sent once
+        if where.count(where[0]) == n:
+            where = where[0]
     outcome: list[str] | str = OK
     if Duplicate in map(type, counts):
         outcome = ["duplicate" if type(count) is Duplicate else OK for count in counts]
-    sizes = [size for _, size in claimed]
+    sizes = list(map(_SIZE, claimed))
     route_sizes: list[int] | None = None
     if linked:
         route_sizes, sizes = sizes, [embedded(spec) for spec in messages]
@@ -284,3 +323,5 @@ def emit_request(
 
 
 _HEADERS = operator.attrgetter("headers")
+_ADDRESS = operator.attrgetter("address")
+_SIZE = operator.itemgetter(1)  # of a (parts, size) pair

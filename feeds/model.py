@@ -18,7 +18,7 @@ from restms.specs import EmbeddedContent, JoinSpec, MessageSpec
 from restms.webhook import WebhookOptions
 
 from .dedup import DedupWindow
-from .routing import Matcher
+from .routing import QUEUEING_TYPES, Matcher
 from .webhook import Hook
 
 
@@ -132,6 +132,9 @@ class Message:
         feed_name: str | None,
         source: Feed | None,
         arrived: float,
+        size: int = 0,
+        durable: bool = False,
+        redeliveries: int = 0,
     ) -> None:
         self.seq = seq
         self.spec = spec
@@ -140,9 +143,9 @@ class Message:
         self.source = source  # the queueing feed it came from, to requeue (Q1)
         self.arrived = arrived
         self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
-        self.durable = False  # held in the store too (persistent delivery mode)
-        self.size = 0  # content bytes, counted against the pipe's byte limit
-        self.redeliveries = 0  # leases that ran out before it was acknowledged
+        self.durable = durable  # held in the store too (persistent delivery mode)
+        self.size = size  # content bytes, counted against the pipe's byte limit
+        self.redeliveries = redeliveries  # leases that ran out before it was acknowledged
         self.leased: float | None = None  # monotonic end of the current lease
 
     @property
@@ -171,6 +174,7 @@ class Feed(Watchable):
         "configured",
         "domain",
         "had_join",
+        "joined",
         "joins",
         "key",
         "license",
@@ -179,6 +183,7 @@ class Feed(Watchable):
         "qback",
         "qfront",
         "queue",
+        "queueing",
         "rr",
         "seen",
         "staged",
@@ -204,12 +209,18 @@ class Feed(Watchable):
         self.key = key  # public name, or private hash
         self.name = name  # None for a private feed
         self.type = type
+        # A rotator or service feed: a queue, each message to one pipe (F8). Known once,
+        # not looked up in QUEUEING_TYPES each time a message is routed.
+        self.queueing = type in QUEUEING_TYPES
         self.title = title
         self.license = license
         self.domain = domain
         self.owner = owner
         self.configured = configured  # PUT/DELETE give 403 (F17)
         self.joins: dict[str, Join] = {}
+        # The joins in order, kept with ``joins`` (feeds.core): what a fanout feed routes
+        # each message to, without a list built per message.
+        self.joined: tuple[Join, ...] = ()
         self.by_address: dict[str, list[Join]] = {}  # "" and direct feeds
         self.topic_cache: dict[str, list[Join]] = {}  # topic feeds, cleared on join change
         self.queue: deque[Queued] = deque()  # rotator/service

@@ -10,7 +10,6 @@ from restms.specs import MessageSpec
 from .config import OVERHEAD, Counters, EngineConfig
 from .mirroring import Copies, Sink, emit_feed
 from .model import Clock, Feed, Message, Parts, Pipe, Queued, content_size
-from .routing import QUEUEING_TYPES
 from .selection import eligible
 from .store import Op, persistent, record
 
@@ -25,6 +24,8 @@ class Placement:
     epoch: int
     mirror: Sink | None
     _copies: Copies | None
+    _alone: bool
+    _held: Pipe | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -41,19 +42,20 @@ class Placement:
         size: int,
         redeliveries: int = 0,
     ) -> None:
-        source = feed if feed.type in QUEUEING_TYPES else None
-        message = Message(0, spec, parts, feed.name, source, now)
-        message.size = size
-        message.durable = durable
-        message.redeliveries = redeliveries
-        ttl = spec.prop("expiration") if spec.props else None
-        if ttl is not None:
-            message.expires = self._mono() + int(ttl) / 1000
+        source = feed if feed.queueing else None
+        message = Message(0, spec, parts, feed.name, source, now, size, durable, redeliveries)
+        if spec.props:  # (most messages have none: then no lookup of their ``expiration``)
+            ttl = spec.prop("expiration")
+            if ttl is not None:
+                message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
-        if self.mirror is not None:
-            copies = self._copies
-            if copies is not None:  # a publish: mirrored with it, as one record
-                copies.pipes.append(pipe)
+        # The mirror's record of the copy. A publish of one message (_alone, only with the
+        # mirror on, never with _copies) is the commonest: asked first.
+        if self._alone:  # a publish of one message: mirrored with it, as one record
+            self._held = pipe
+        elif self.mirror is not None:
+            if self._copies is not None:  # a publish of several messages: in its record
+                self._copies.pipes.append(pipe)
             else:
                 emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)
@@ -63,7 +65,8 @@ class Placement:
         the memory budget. New messages and redelivered ones both come through here."""
         message.seq = pipe.next_seq
         pipe.next_seq += 1
-        message.durable = message.durable or pipe.durable
+        if pipe.durable:  # a durable pipe stores every message; else as the message asks
+            message.durable = True
         if self.journal is not None:
             self._moved.add(pipe)
             budget = self.config.memory_budget

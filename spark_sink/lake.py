@@ -8,7 +8,8 @@ Rows arrive in batches (:func:`serve` reads them from the gateway's writer threa
 in memory until ``batch_rows`` of them make one record batch, written as one Parquet
 row group. A row is an event tuple, or one of the rows of a publish request's record
 (:data:`~spark_sink.schema.Request`): those are expanded into column lists with
-C-level list operations (:class:`RequestRows`) and converted a column at a time.
+C-level list operations (:class:`RequestRows`) and converted a column at a time; or
+the two events of a :data:`~spark_sink.schema.Routed` record, kept as events.
 
 A file is written under a hidden name (``.tmp-part-...``) and renamed to its final
 name once closed, so a reader listing the lake never sees half a file. It is closed
@@ -31,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import marshal
+import operator
 import os
 import signal
 import time
@@ -50,13 +52,17 @@ from .schema import (
     PUBLISH,
     REQUEST,
     ROUTE,
+    ROUTED,
+    ROUTED_ROWS,
     ROWS,
     SCHEMA,
     TS,
     Event,
     Request,
+    Routed,
     part_name,
     partition,
+    routed_events,
     temporary,
 )
 
@@ -277,9 +283,13 @@ class _File:
         self.sink = fs.open_output_stream(self.tmp)
         self.writer = pq.ParquetWriter(self.sink, SCHEMA, use_dictionary=DICTIONARY)
 
-    def add(self, item: Event | Request) -> int:
-        """Keep one event or request record until the next write; the rows waiting."""
-        if item[1] == REQUEST:
+    def add(self, item: Event | Request | Routed) -> int:
+        """Keep one event or record until the next write; the rows waiting."""
+        mark = item[1]
+        if mark == ROUTED:
+            self.waiting += routed_events(item)  # type: ignore[arg-type]  # Routed by its mark
+            self.pending += ROUTED_ROWS
+        elif mark == REQUEST:
             if self.requests is None:
                 self.requests = RequestRows()
             self.requests.add(item)  # type: ignore[arg-type]  # a Request by its mark
@@ -360,7 +370,7 @@ class Lake:
     def open_files(self) -> int:
         return len(self._files)
 
-    def add(self, items: list[Event | Request]) -> None:
+    def add(self, items: list[Event | Request | Routed]) -> None:
         fs = self._filesystem()
         if fs is None:
             self.counters.lost += rows(items)
@@ -436,10 +446,17 @@ class Lake:
         counters.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
 
 
-def rows(items: list[Event | Request]) -> int:
-    """The rows a batch of events and request records stands for."""
+_MARK = operator.itemgetter(1)  # an event's kind, or a request record's mark
+
+
+def rows(items: list[Event | Request | Routed]) -> int:
+    """The rows a batch of events and records stands for."""
+    marks = list(map(_MARK, items))  # the common batch (events, Routed records): in C
+    count = len(items) + marks.count(ROUTED) * (ROUTED_ROWS - 1)
+    if REQUEST not in marks:
+        return count
     extra = [item[ROWS] for item in items if item[1] == REQUEST]
-    return len(items) - len(extra) + sum(extra)  # type: ignore[arg-type]  # ints by the mark
+    return count - len(extra) + sum(extra)  # type: ignore[arg-type]  # ints by the mark
 
 
 def serve(conn: Connection, config: WriterConfig) -> None:

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 The engine calls :meth:`Mirror.offer` with one plain tuple per event
 (:data:`spark_sink.schema.Event`), or one record for all the events of an accepted
-publish (:data:`spark_sink.schema.Request`, with the number of rows it stands for),
+publish (:data:`spark_sink.schema.Request`, or :data:`~spark_sink.schema.Routed` for
+one message in one pipe, with the number of rows it stands for),
 on the event loop's thread. ``offer`` never waits, never raises and never takes a
 lock: it appends to a ``collections.deque`` (whose ``append`` and ``popleft`` are
 safe between threads) unless that would put more than ``queue`` events in it, in
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .lake import WriterConfig
-from .schema import Event, Request
+from .schema import Event, Request, Routed
 from .writer import Counters, Writer
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class Mirror:
     def __init__(self, config: MirrorConfig) -> None:
         self.config = config
         self.counters = Counters()
-        self._queue: deque[Event | Request] = deque()
+        self._queue: deque[Event | Request | Routed] = deque()
         self._capacity = config.queue
         self.sink = _offer(self._queue, config.queue, self.counters)
         self._writer = Writer(
@@ -85,7 +86,7 @@ class Mirror:
             self.counters,
         )
 
-    def offer(self, item: Event | Request, rows: int = 1) -> None:
+    def offer(self, item: Event | Request | Routed, rows: int = 1) -> None:
         """Queue one event (or a request record of ``rows`` events), or drop it
         (counted) when the queue has no room for it. Never blocks: the writer is not
         woken (that takes a lock), it looks every ``poll_seconds``. The engine is given
@@ -138,15 +139,15 @@ class Mirror:
 class Offer(Protocol):
     """The sink's signature: one event, or a request record of ``rows`` events."""
 
-    def __call__(self, item: Event | Request, rows: int = 1, /) -> None: ...
+    def __call__(self, item: Event | Request | Routed, rows: int = 1, /) -> None: ...
 
 
-def _offer(queue: deque[Event | Request], capacity: int, counters: Counters) -> Offer:
+def _offer(queue: deque[Event | Request | Routed], capacity: int, counters: Counters) -> Offer:
     """:meth:`Mirror.offer` as a closure (no attribute lookups but the counters): it is
     called for every event on the event loop's thread."""
     append = queue.append
 
-    def offer(item: Event | Request, rows: int = 1) -> None:
+    def offer(item: Event | Request | Routed, rows: int = 1) -> None:
         if counters.offered - counters.taken + rows <= capacity:
             counters.offered += rows  # before the writer can take it: never negative
             append(item)

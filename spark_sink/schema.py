@@ -6,9 +6,10 @@ It holds no state and imports nothing of the gateway.
 
 An event is one row. The engine hands the mirror a plain tuple in :data:`COLUMNS`
 order (``ts`` as wall-clock seconds since the epoch, a float), or for an accepted
-publish one :data:`Request` record that carries all its rows: building a tuple (or a
-few lists a request) is the cheapest thing the hot path can do, and the writer
-turns batches of them into Arrow record batches off the event loop's thread.
+publish one :data:`Request` record that carries all its rows (one :data:`Routed`
+record when it is one message routed to one pipe): building a tuple (or a few lists
+a request) is the cheapest thing the hot path can do, and the writer turns batches of
+them into Arrow record batches off the event loop's thread.
 
 Files live at ``<lake>/date=YYYY-MM-DD/hour=HH/part-<utc-start>-<random>.parquet``:
 Hive-style partition directories derived from ``ts`` in UTC, whose values (``date``
@@ -121,6 +122,51 @@ Request = tuple[
     list[tuple[int, str, int]] | None,  # drop rows: (message, pipe, size) a full pipe skipped
 ]
 ROWS: Final = 2  # the position of rows in a request record
+
+# The commonest publish, one message whose one copy went to one pipe, as one record of
+# the two events it makes, in their order: its "route" event, then its "publish" event
+# (docs/ANALYTICS.md, "The mirror"). The event loop builds one short tuple instead of
+# two events (and less than a request record); it counts as two rows everywhere rows
+# are counted. Its first nine values are the route event's, in COLUMNS order; the
+# publish event has the same but for the pipe (none), the principal and the size.
+ROUTED: Final = "+route+publish"  # at index 1, where an event tuple has its event name
+ROUTED_ROWS: Final = 2
+Routed = tuple[
+    float,  # ts: seconds since the epoch, wall clock (both rows')
+    str,  # ROUTED
+    str,  # domain
+    str,  # feed
+    str,  # feed_type
+    str | None,  # address
+    str,  # pipe of the route row (a digest)
+    str | None,  # message_id
+    int,  # size of the route row (the copy, staged contents it links included)
+    str | None,  # principal of the publish row (the route row has none)
+    int,  # size of the publish row (the message's embedded contents)
+]
+
+
+def routed_events(record: Routed) -> tuple[Event, Event]:
+    """The two events a :data:`Routed` record stands for: its route, then its publish."""
+    ts, _, domain, feed, feed_type, address, pipe, message_id, size, principal, published = record
+    return (
+        (ts, ROUTE, domain, feed, feed_type, address, pipe, message_id, size, None, OK, None, None),
+        (
+            ts,
+            PUBLISH,
+            domain,
+            feed,
+            feed_type,
+            address,
+            None,
+            message_id,
+            published,
+            principal,
+            OK,
+            None,
+            None,
+        ),
+    )
 
 
 def partition(ts: float) -> str:

@@ -20,6 +20,7 @@ with the number of errors since the last warning.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import marshal
 import multiprocessing
@@ -33,7 +34,7 @@ from typing import Any
 
 from .lake import MAX_ERROR, STOP, WriterConfig, serve
 from .lake import rows as count_rows
-from .schema import Event, Request
+from .schema import Event, Request, Routed
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class Writer:
     """The thread between the queue and the writer process."""
 
     def __init__(
-        self, config: WriterConfig, queue: deque[Event | Request], counters: Counters
+        self, config: WriterConfig, queue: deque[Event | Request | Routed], counters: Counters
     ) -> None:
         self.config = config
         self._queue = queue
@@ -131,7 +132,11 @@ class Writer:
 
     def _send_queued(self) -> None:
         queue = self._queue
-        items = [queue.popleft() for _ in range(len(queue))]
+        # Only what is queued now: the event loop's thread appends meanwhile. Popped in C
+        # (no Python step an item), as the thread holds the GIL while it takes them.
+        items: list[Event | Request | Routed] = list(
+            itertools.islice(iter(queue.popleft, None), len(queue))
+        )
         if not items:
             return
         rows = count_rows(items)
@@ -172,6 +177,8 @@ class Writer:
                 request, state = marshal.loads(conn.recv_bytes())  # noqa: S302 - our own pipe
                 self._apply(state)
                 answered.append(request)
+                if request == STOP:  # its last word: the pipe's end that follows is no loss
+                    break
                 timeout = 0
         except (EOFError, OSError):
             self._lost_process()

@@ -29,8 +29,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from feeds import Engine, EngineConfig
+from feeds.config import SYSTEM_FEED
 from feeds.mirroring import emit_feed, emit_publish
-from feeds.model import Feed
+from feeds.model import Feed, StagedContent
 from restms.specs import (
     EmbeddedContent,
     FeedSpec,
@@ -326,7 +327,28 @@ def _published(
         (record,) = items
         assert record[1] == schema.REQUEST
         assert record[schema.ROWS] == len(expected)
+    if any(item[1] == schema.ROUTED for item in items):  # one message, one copy
+        (record,) = items
+        published, routed = expected
+        assert list(schema.routed_events(record)) == [routed, published]  # in order
     return items, expected
+
+
+def _expanded(items: list[tuple[Any, ...]]) -> Counter[tuple[Any, ...]]:
+    """The rows the items stand for, as the writer process makes them."""
+    requests = RequestRows()
+    events = []
+    for item in items:
+        if item[1] == schema.REQUEST:
+            requests.add(item)  # type: ignore[arg-type]
+        elif item[1] == schema.ROUTED:
+            events += schema.routed_events(item)  # type: ignore[arg-type]
+        else:
+            events.append(item)
+    found = _rows(record_batch(events))  # type: ignore[arg-type]
+    if requests.rows:
+        found += _rows(requests.batch())
+    return found
 
 
 def _rows(batch: pa.RecordBatch) -> Counter[tuple[Any, ...]]:
@@ -347,7 +369,12 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
         e.create_join(pipe, JoinSpec(feed_path="/restms/feed/orders", address=address))
     e.create_join(second, JoinSpec(feed_path=f"/restms/resource/{private.key}"))
     staged = e.stage(orders, b"staged bytes", "text/plain", OWNER)
+    again = e.stage(orders, b"more staged bytes", "text/plain", OWNER)
     text = (EmbeddedContent(value=b"hello", type="text/plain"),)
+
+    def linked(content: StagedContent) -> LinkedContent:
+        return LinkedContent(path=f"/restms/resource/{content.key}")
+
     cases = [
         (
             orders,
@@ -357,12 +384,18 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
                 MessageSpec(address="eu.1", props=(("message_id", "a"),), contents=text),
                 MessageSpec(
                     address="eu.3",
-                    contents=(*text, LinkedContent(path=f"/restms/resource/{staged.key}")),
+                    contents=(*text, linked(staged)),
                 ),
                 MessageSpec(address="x.y", headers=(("x-original-feed", "default"),)),
             ],
         ),
         (orders, [MessageSpec(address="eu.9", contents=text)]),  # events: one message
+        # one message, each way its publish event differs: a duplicate, a staged content
+        # (not in its publish size), an origin header, the default feed's digest
+        (orders, [MessageSpec(address="eu.1", props=(("message_id", "a"),), contents=text)]),
+        (orders, [MessageSpec(address="eu.4", contents=(*text, linked(again)))]),
+        (orders, [MessageSpec(address="x.z", headers=(("x-original-feed", "default"),))]),
+        (e.default_feed, [MessageSpec(address=second.key, contents=text)]),
         (orders, [MessageSpec(address="eu.9"), MessageSpec(address="eu.8")]),  # two pipes
         (orders, [MessageSpec(address="eu.1"), MessageSpec(address="eu.1")]),  # one address
         (private, [MessageSpec(contents=text), MessageSpec(address="b")]),
@@ -379,19 +412,64 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
     ]
     for feed, messages in cases:
         items, expected = _published(e, feed, messages)
-        requests = RequestRows()
-        events = []
-        for item in items:
-            if item[1] == schema.REQUEST:
-                requests.add(item)  # type: ignore[arg-type]
-            else:
-                events.append(item)
-        found = _rows(record_batch(events))  # type: ignore[arg-type]
-        if requests.rows:
-            found += _rows(requests.batch())
-        assert found == _rows(record_batch(expected))
+        assert _expanded(items) == _rows(record_batch(expected))
     assert first.messages
     assert second.messages
+
+
+def test_one_message_in_one_pipe_is_one_record_of_its_two_events() -> None:
+    """A message whose one copy goes to one pipe: one Routed record (two rows), which
+    expands to its route event then its publish event, each way they can differ: a
+    message id, a staged content (in the route's size, not the publish's), an origin
+    header and the default feed (addresses as digests), a private feed, a queueing
+    feed. A duplicate, a copy in no pipe or in two, or a skipped copy: events."""
+    e = Engine(EngineConfig())
+    domain = e.domain("default")
+    orders, _ = e.create_feed(domain, FeedSpec(name="orders", type="topic"), OWNER)
+    private, _ = e.create_feed(domain, FeedSpec(name=None, type="fanout"), OWNER)
+    work, _ = e.create_feed(domain, FeedSpec(name="work", type="rotator"), OWNER)
+    tiny, _ = e.create_feed(domain, FeedSpec(name="tiny", type="fanout"), OWNER)
+    first = e.create_pipe(domain, PipeSpec(), OWNER)
+    second = e.create_pipe(domain, PipeSpec(), OWNER)
+    full = e.create_pipe(domain, PipeSpec(options=PipeOptions(max_messages=1)), OWNER)
+    e.create_join(first, JoinSpec(feed_path="/restms/feed/orders", address="eu.*"))
+    e.create_join(second, JoinSpec(feed_path="/restms/feed/orders", address="#"))
+    e.create_join(second, JoinSpec(feed_path=f"/restms/resource/{private.key}"))
+    e.create_join(second, JoinSpec(feed_path="/restms/feed/work"))
+    e.create_join(full, JoinSpec(feed_path="/restms/feed/tiny"))
+    staged = e.stage(orders, b"staged bytes", "text/plain", OWNER)
+    text = (EmbeddedContent(value=b"hello", type="text/plain"),)
+    one = [
+        (orders, MessageSpec(address="us.1", contents=text)),
+        (orders, MessageSpec(address="us.2", props=(("message_id", "m"),), contents=text)),
+        (
+            orders,
+            MessageSpec(
+                address="us.3",
+                contents=(*text, LinkedContent(path=f"/restms/resource/{staged.key}")),
+            ),
+        ),
+        (orders, MessageSpec(address="x.z", headers=(("x-original-feed", "default"),))),
+        (e.default_feed, MessageSpec(address=second.key, contents=text)),
+        (private, MessageSpec(contents=text)),
+        (work, MessageSpec(address="w", contents=text)),
+        (tiny, MessageSpec(address="t.1", contents=text)),
+    ]
+    for feed, spec in one:
+        items, expected = _published(e, feed, [spec])
+        assert [item[1] for item in items] == [schema.ROUTED]
+        assert _expanded(items) == _rows(record_batch(expected))
+    others = [
+        (orders, MessageSpec(address="us.2", props=(("message_id", "m"),), contents=text)),
+        (orders, MessageSpec(address="eu.1", contents=text)),  # two pipes
+        (tiny, MessageSpec(address="t.2", contents=text)),  # skipped: the pipe is full
+        (private, MessageSpec(contents=text)),
+    ]
+    e.delete_join(next(j for j in second.joins.values() if j.feed is private))  # no pipe
+    for feed, spec in others:
+        items, expected = _published(e, feed, [spec])
+        assert schema.ROUTED not in [item[1] for item in items]
+        assert _expanded(items) == _rows(record_batch(expected))
 
 
 def test_request_records_and_events_share_a_file(tmp_path: Path) -> None:
@@ -407,10 +485,72 @@ def test_request_records_and_events_share_a_file(tmp_path: Path) -> None:
     e.mirror = mirror.sink
     mirror.offer(event(T0, 1))
     e.publish(orders, [MessageSpec(address=f"a.{n}") for n in range(50)], OWNER)
+    for n in range(3):  # one message each: a Routed record of two rows
+        e.publish(orders, [MessageSpec(address="b", props=(("message_id", f"b{n}"),))], OWNER)
     mirror.offer(event(T0, 2))
     e.mirror = None
     assert mirror.stop(WAIT)
     status = mirror.status()
-    assert (status["emitted"], status["queued"], status["written"]) == (102, 0, 102)
+    assert (status["emitted"], status["queued"], status["written"]) == (108, 0, 108)
     rows = read_lake(tmp_path / "lake").to_pylist()
-    assert Counter(r["event"] for r in rows) == {"publish": 52, "route": 50}
+    assert Counter(r["event"] for r in rows) == {"publish": 55, "route": 53}
+    alone = [r for r in rows if r["message_id"] == "b1"]  # route then publish, as events
+    assert [(r["event"], r["principal"], r["pipe"] is None) for r in alone] == [
+        ("route", None, False),
+        ("publish", OWNER, True),
+    ]
+
+
+def test_a_routed_record_is_queued_and_dropped_as_two_rows(tmp_path: Path) -> None:
+    e = Engine(EngineConfig())
+    domain = e.domain("default")
+    orders, _ = e.create_feed(domain, FeedSpec(name="orders", type="fanout"), OWNER)
+    e.create_join(
+        e.create_pipe(domain, PipeSpec(), OWNER), JoinSpec(feed_path="/restms/feed/orders")
+    )
+    mirror = Mirror(MirrorConfig(lake=str(tmp_path / "lake"), queue=3))  # not started
+    e.mirror = mirror.sink
+    for _ in range(2):  # two rows fit, four do not
+        e.publish(orders, [MessageSpec(address="a")], OWNER)
+    status = mirror.status()
+    assert (status["emitted"], status["dropped"], status["queued"]) == (4, 2, 2)
+    mirror.start()
+    assert mirror.stop(WAIT)
+    assert (mirror.status()["written"], mirror.status()["queued"]) == (2, 0)
+    assert sorted(read_lake(tmp_path / "lake")["event"].to_pylist()) == ["publish", "route"]
+
+
+def test_a_system_event_routed_during_a_publish_is_mirrored_as_its_own() -> None:
+    """A full pipe's "pipe.full" event is routed to the system feed at once, while the
+    publish that found the pipe full collects its copies (or holds its route event):
+    that copy is the system feed's route event, not one of the publish's."""
+    e = Engine(EngineConfig())
+    domain = e.domain("default")
+    watcher = e.create_pipe(domain, PipeSpec(), OWNER)
+    e.create_join(watcher, JoinSpec(feed_path=f"/restms/feed/{SYSTEM_FEED}", address="#"))
+    orders, _ = e.create_feed(domain, FeedSpec(name="orders", type="fanout"), OWNER)
+    options = PipeOptions(max_messages=1, overflow="drop-oldest")
+    e.create_join(
+        e.create_pipe(domain, PipeSpec(options=options), OWNER),
+        JoinSpec(feed_path="/restms/feed/orders"),
+    )
+    items: list[tuple[Any, ...]] = []
+    e.mirror = lambda item, rows=1: items.append(item)
+    e.publish(orders, [MessageSpec(address="a"), MessageSpec(address="b")], OWNER)
+    e.events.coalescer.interval = 0  # type: ignore[union-attr]  # every time it is full
+    e.publish(orders, [MessageSpec(address="c")], OWNER)
+    system = [item for item in items if item[3] == SYSTEM_FEED]
+    assert [item[1] for item in system] == ["route", "route"]
+    kinds = [item[1] for item in items]
+    assert kinds == ["drop", "route", schema.REQUEST, "drop", "route", schema.ROUTED]
+    assert items[2][schema.ROWS] == 4  # two publish events, two routes: no system copy
+
+
+def test_a_publish_of_no_message_makes_no_event() -> None:
+    """The engine's callers (bridges too) may hand over an empty list: nothing to mirror."""
+    e = Engine(EngineConfig())
+    feed, _ = e.create_feed(e.domain("default"), FeedSpec(name="quiet", type="fanout"), OWNER)
+    items: list[tuple[Any, ...]] = []
+    e.mirror = lambda item, rows=1: items.append(item)
+    assert e.publish(feed, [], OWNER) == []
+    assert items == []
