@@ -29,7 +29,7 @@ from restms import specs
 from restms.errors import BadRequest, Conflict, Forbidden, InsufficientScope, NotFound
 
 from .authn import PRINCIPAL
-from .keys import STATE
+from .keys import STATE, State
 
 HIDDEN = "no such resource"
 READS = frozenset(("GET", "HEAD"))
@@ -54,14 +54,8 @@ def _need(principal: Principal, action: str, domain: str, feed: str | None) -> N
         )
 
 
-def _sees(request: web.Request, principal: Principal, domain: Domain) -> None:
-    if not request[STATE].auth.tenants.sees(principal, domain.name):
-        raise NotFound(f"no domain named {domain.name!r}")
-
-
-def _feed_visible(request: web.Request, principal: Principal, feed: Feed) -> None:
+def _feed_visible(state: State, principal: Principal, feed: Feed) -> None:
     """404 unless the principal may know the feed exists."""
-    state = request[STATE]
     if feed is state.engine.default_feed:
         return  # F14: the default feed is in every domain; its joins decide delivery
     if feed.name is None and feed.owner != principal.name:  # private: its owner's
@@ -78,20 +72,23 @@ def _pipe_visible(principal: Principal, pipe: Pipe) -> None:
 def hidden(request: web.Request, target: object) -> bool:
     """True when ``target`` must look absent to this request's principal (step 1)."""
     try:
-        visible(request, target)
+        visible(request[STATE], request[PRINCIPAL], target)
     except NotFound:
         return True
     return False
 
 
-def visible(request: web.Request, target: object) -> None:
-    """Step 1: 404, with the reply an absent resource of that kind gets, unless the
-    request's principal may know ``target`` exists."""
-    principal = request[PRINCIPAL]
-    if isinstance(target, Domain):
-        _sees(request, principal, target)
-    elif isinstance(target, Feed):
-        _feed_visible(request, principal, target)
+# visible() and check() run on every request to a resource: they take what they need
+# of the request (its app's state, its principal, its method) from the caller, which
+# has them in hand, since each read from the request is a Python-level call in aiohttp.
+def visible(state: State, principal: Principal, target: object) -> None:
+    """Step 1: 404, with the reply an absent resource of that kind gets, unless
+    ``principal`` may know ``target`` exists."""
+    if isinstance(target, Feed):  # first: publishes are most of the traffic
+        _feed_visible(state, principal, target)
+    elif isinstance(target, Domain):
+        if not state.auth.tenants.sees(principal, target.name):
+            raise NotFound(f"no domain named {target.name!r}")
     elif isinstance(target, Pipe):
         _pipe_visible(principal, target)
     elif isinstance(target, Join | Slot | PartRef):
@@ -100,21 +97,14 @@ def visible(request: web.Request, target: object) -> None:
         raise NotFound(HIDDEN)
 
 
-def check(request: web.Request, target: object) -> None:
-    """Steps 2 and 3 for ``request.method`` on ``target`` (403), once :func:`visible`
-    has passed."""
-    principal = request[PRINCIPAL]
-    method = request.method
-    if isinstance(target, Domain):
-        if method in READS:
-            _need(principal, "read", target.name, None)
-        # POST: what it creates decides (see :func:`may_create`)
-    elif isinstance(target, Feed):
+def check(engine: Engine, principal: Principal, method: str, target: object) -> None:
+    """Steps 2 and 3 for ``method`` on ``target`` (403), once :func:`visible` has passed."""
+    if isinstance(target, Feed):  # first: publishes are most of the traffic
         domain = target.domain.name
         if method in READS:
             _need(principal, "read", domain, target.name)
             return
-        _not_system(request[STATE].engine, target)
+        _not_system(engine, target)
         if method == "POST":  # as may_publish, with the principal in hand
             _need(principal, "publish", domain, target.name)
         elif method in ("PUT", "DELETE"):
@@ -123,6 +113,10 @@ def check(request: web.Request, target: object) -> None:
                 "admin", domain, target.name
             ):
                 raise Forbidden("only the feed's creator or an admin may change or delete it")
+    elif isinstance(target, Domain):
+        if method in READS:
+            _need(principal, "read", target.name, None)
+        # POST: what it creates decides (see :func:`may_create`)
     elif isinstance(target, Pipe | Join | Slot | PartRef):
         pipe = target if isinstance(target, Pipe) else target.pipe
         _need(principal, "subscribe", pipe.domain.name, None)

@@ -55,7 +55,7 @@ def build_app(config: Config) -> web.Application:
     app[HOOKS] = Webhooks(app)
     app[FRAMES] = Frames()  # WebSocket message frames (docs/BROWSER.md)
     for kind in ("domain", "feed", "resource"):
-        app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handle, name=kind)
+        app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handler(kind), name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
     app.router.add_get("/profile/x-gateway", extension_profile)
     app.router.add_get("/healthz", healthz)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
+from aiohttp import hdrs, web
 from joserfc.jwk import ECKey
 
 from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
@@ -204,6 +204,26 @@ PUBLIC = frozenset(("/healthz", "/readyz", "/profile/x-gateway", *page.PATHS))  
 # Not authenticated here: PUBLIC, and /metrics, which decides for itself who may scrape
 # (metrics_access, gateway/metrics.py) and calls authenticate(always=True) when it must.
 UNCHECKED = PUBLIC | {"/metrics"}
+UNCHECKED_UNDER = ("/oauth/", "/.well-known/")  # the built-in issuer's endpoints
+
+
+def checks_every_path(route: web.AbstractRoute) -> bool:
+    """Whether every path ``route`` matches is one :func:`authenticate` checks, decided
+    from the route's fixed beginning (its template up to the first variable part), so
+    the middleware may pass ``always=True`` instead of testing each request's path.
+
+    The router matches a path on its beginning as written (``%`` escapes in the path
+    do not reach into a fixed beginning without ``%``), so a path the route matches
+    starts with it, and request.path as well. False when in doubt: the test is then
+    made per request, as :func:`authenticate` does by default.
+    """
+    resource = route.resource
+    fixed = resource.canonical.partition("{")[0] if resource is not None else ""
+    if not fixed.startswith("/") or "%" in fixed:
+        return False
+    if any(path.startswith(fixed) for path in UNCHECKED):
+        return False
+    return not any(fixed.startswith(p) or p.startswith(fixed) for p in UNCHECKED_UNDER)
 
 
 def authenticate(
@@ -212,20 +232,26 @@ def authenticate(
     """Give the request its principal (:data:`PRINCIPAL`), or raise 401 or 429.
 
     Paths anyone may use get none, unless ``always`` (a handler of a public path that
-    needs a principal after all, as ``/metrics`` may). A request without credentials is
-    the anonymous guest (or 401) at once: that is most traffic on loopback, so it is
-    decided here, without a coroutine. Returns None when it is decided, or an awaitable
-    that decides it (credentials to check), which the caller awaits.
+    needs a principal after all, as ``/metrics`` may, or a caller that knows the path
+    is none of them: the middleware, for a route of which :func:`checks_every_path`).
+    A request without credentials is the anonymous guest (or 401) at once: that is
+    most traffic on loopback, so it is decided here, without a coroutine. Returns None
+    when it is decided, or an awaitable that decides it (credentials to check), which
+    the caller awaits.
+
+    Headers are looked up by aiohttp's ``hdrs`` names here and on the rest of a request's
+    path: they are ``istr``, whose case-folded form is made once, where a ``str`` name
+    is folded again at every lookup.
     """
     if not always:
         path = request.path
-        if path in UNCHECKED or path.startswith(("/oauth/", "/.well-known/")):
+        if path in UNCHECKED or path.startswith(UNCHECKED_UNDER):
             if request.method == "POST":  # the token endpoint checks a secret with scrypt
                 authenticator.check_rate(request.remote)
             return None
     headers = request.headers
-    header = headers.get("Authorization")
-    if header is None and "Upgrade" in headers:
+    header = headers.get(hdrs.AUTHORIZATION)
+    if header is None and hdrs.UPGRADE in headers:
         header = socket_bearer(headers)
     if header is not None:
         return _check(request, authenticator, header, is_relayed(headers))
@@ -255,7 +281,7 @@ async def _check(
 def is_relayed(headers: Mapping[str, str]) -> bool:
     """Whether a proxy relayed the request (it says so in a forwarding header): such a
     request is never the loopback guest, whatever its peer address."""
-    return "Forwarded" in headers or "X-Forwarded-For" in headers or "X-Real-IP" in headers
+    return hdrs.FORWARDED in headers or hdrs.X_FORWARDED_FOR in headers or hdrs.X_REAL_IP in headers
 
 
 def _failed(request: web.Request, header: str | None, exc: Unauthorized) -> None:

@@ -19,7 +19,8 @@ This module adds what is missing, per connection (:class:`Connection`):
   once for every connection it made; a TLS connection counts once its handshake is done.
 * **Head deadline.** The first byte of a request head, on a connection with no
   request in hand, starts a ``header_timeout`` clock; the handler starting stops it.
-  When it runs out the client gets ``408`` and the connection is closed.
+  When it runs out the client gets ``408`` and the connection is closed. (A head that
+  arrives whole in one read starts none: its handler starts before a clock could run out.)
 * **Body deadline.** A request whose body has not fully arrived when its handler
   starts gets ``body_timeout`` for the rest of it; the end of the body stops it. When
   it runs out the connection is closed (the handler owns the reply, and is cancelled).
@@ -42,7 +43,8 @@ aiohttp surface this relies on, checked against aiohttp 3.14 (the test
 * the request factory's arguments ``(message, payload, protocol, writer, task)``,
   called once per request just before its handler starts;
 * ``web.RequestHandler(manager, loop=, **handler_kwargs)``, its asyncio protocol
-  methods, ``force_close()``, ``log_access(request, response, time)``, called once
+  methods, its queue of parsed requests not yet handled, ``_messages`` (filled by
+  ``data_received``), ``force_close()``, ``log_access(request, response, time)``, called once
   per request by ``finish_response`` when the reply is written (or the client went
   away while it was), and ``handle_error(request, status, exc, message)``, which builds
   the reply to a request head its parser refused (``exc`` is then the parser's
@@ -186,13 +188,22 @@ class Connection(web.RequestHandler):
             self._timer = None
         super().connection_lost(exc)
 
+    # The methods called for every request name their base class rather than use
+    # super(): the zero-argument form builds a super object on each call, about as
+    # costly as a call itself.
     def data_received(self, data: bytes) -> None:
         # aiohttp calls this with b"" too, when it resumes reading: test that first.
         if data and self._reading is None and not self._handling:
             if self._peer is None:
                 return
-            self._expect(HEAD, self._limits.header_timeout)
-        super().data_received(data)
+            web.RequestHandler.data_received(self, data)
+            # A head that came in whole is now in aiohttp's queue, and its handler's
+            # start would stop the clock before it could run out: only a head still
+            # short of its end starts one (a timer read and store less per request).
+            if not self._messages:
+                self._expect(HEAD, self._limits.header_timeout)
+            return
+        web.RequestHandler.data_received(self, data)
 
     def request_started(self, payload: StreamReader) -> None:
         """The head is in and the handler starts: time the body, if it is still coming."""
@@ -231,7 +242,7 @@ class Connection(web.RequestHandler):
         # When writing the reply fails otherwise, aiohttp closes the connection: no
         # request follows, and nothing needs the flag reset.
         self._handling = False
-        super().log_access(request, response, time)
+        web.RequestHandler.log_access(self, request, response, time)
 
     def _expect(self, what: str, timeout: float) -> None:
         loop = self._event_loop

@@ -22,11 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
-from multidict import CIMultiDict
+from multidict import CIMultiDict, istr
 
 from restms.errors import BadRequest, Conflict, UnprocessableContent
 
-HEADER = "Idempotency-Key"
+HEADER = istr("Idempotency-Key")  # istr: looked up on every POST (see authn.authenticate)
 MAX_KEY = 255
 _KEPT_HEADERS = ("Content-Type", "Location")
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import dataclasses
+from collections import defaultdict
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, TypeVar
 
@@ -83,7 +84,7 @@ class _Route:
     __slots__ = ("buckets", "seconds", "statuses")
 
     def __init__(self) -> None:
-        self.statuses: dict[int, int] = {}
+        self.statuses: defaultdict[int, int] = defaultdict(int)
         self.buckets = [0] * (len(BUCKETS) + 1)  # the last: above every bound
         self.seconds = 0.0
 
@@ -92,7 +93,7 @@ class Requests:
     """Replies by route, method and status, their durations, and auth refusals.
 
     Keyed by the route *object* (its template is read at scrape time), so the per
-    request cost is a tuple, two dict lookups, a bisect and three increments.
+    request cost is a tuple, a dict lookup, a bisect and three increments.
     """
 
     __slots__ = ("_routes", "refusals")
@@ -103,16 +104,22 @@ class Requests:
 
     def record(self, route: AbstractRoute | None, method: str, status: int, seconds: float) -> None:
         """Count a reply on ``route`` (None: a request no route serves)."""
-        if method not in METHODS:
-            method = "other"  # any token is a method to aiohttp: bound the label
-        key = (route, method)
+        entry = self._routes.get((route, method))
+        if entry is None:
+            entry = self._entry(route, method)
+        entry.statuses[status] += 1
+        entry.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
+        entry.seconds += seconds
+
+    def _entry(self, route: AbstractRoute | None, method: str) -> _Route:
+        """The counts of ``method`` on ``route``, made on its first reply. Any token is a
+        method to aiohttp: the others than METHODS are counted as one, "other" (so they
+        miss the lookup in :meth:`record` and come here each time, which only they pay)."""
+        key = (route, method if method in METHODS else "other")
         entry = self._routes.get(key)
         if entry is None:
             entry = self._routes[key] = _Route()
-        statuses = entry.statuses
-        statuses[status] = statuses.get(status, 0) + 1
-        entry.buckets[bisect.bisect_left(BUCKETS, seconds)] += 1
-        entry.seconds += seconds
+        return entry
 
     def refused(self, exc: RestMSError | web.HTTPException) -> None:
         """Count an authentication or authorization refusal (called on errors only)."""

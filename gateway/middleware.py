@@ -48,7 +48,7 @@ from multidict import CIMultiDict
 
 from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
 
-from .authn import AUTH, authenticate
+from .authn import AUTH, authenticate, checks_every_path
 from .keys import CONFIG, ENGINE, STATE, State
 from .metrics import REQUESTS, Requests
 from .proxies import PROXIES, Proxies, relayed
@@ -76,7 +76,9 @@ def install(app: web.Application) -> None:
     for route in router.routes():
         # Requests no route serves are counted as one route, (unmatched), as before.
         counted = None if route.name == UNROUTED else route
-        handler = _concerns(route.handler, counted, state, in_flight, requests, proxies)
+        handler = _concerns(
+            route.handler, counted, checks_every_path(route), state, in_flight, requests, proxies
+        )
         route._handler = handler  # aiohttp's own attribute: see the docstring
         wrapped.add(handler)
 
@@ -91,6 +93,7 @@ def install(app: web.Application) -> None:
 def _concerns(
     handler: Handler,
     route: AbstractRoute | None,
+    checked: bool,
     state: State,
     in_flight: InFlight,
     requests: Requests,
@@ -107,7 +110,8 @@ def _concerns(
                 if proxies is not None:  # the client's address, scheme and host, as relayed
                     request = relayed(request, proxies)
                 request[STATE] = state
-                pending = authenticate(request, authenticator)
+                # checked: the route's paths all need a principal (decided at install)
+                pending = authenticate(request, authenticator, always=checked)
                 if pending is not None:  # credentials to check
                     await pending
                 response = await handler(request)

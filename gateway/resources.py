@@ -7,12 +7,14 @@ reason a 403 gives (U10). Methods RestMS does not define get 405 with ``Allow``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import quote
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
+from auth import Principal
 from feeds.engine import Engine
 from feeds.model import (
     Domain,
@@ -27,11 +29,18 @@ from feeds.model import (
 )
 from restms import fastpath, specs
 from restms.errors import BadRequest, Forbidden, MethodNotAllowed, NotFound, ServiceUnavailable
-from restms.media import Format, accepts_event_stream, bare_type, body_format, looks_structured
+from restms.media import (
+    Format,
+    accepts_event_stream,
+    bare_type,
+    body_format,
+    looks_structured,
+    negotiate,
+)
 from restms.uris import PREFIX, split_path, uri_path
 
 from . import access, http, idempotency, spill, streams, views, webhooks, websocket
-from .authn import waiting
+from .authn import PRINCIPAL, waiting
 from .durability import committed
 from .keys import REPLIES, STATE
 
@@ -117,9 +126,12 @@ async def delete_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
 
 async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
     """M1-M3, M5-M12: a structured body publishes; anything else is staged."""
-    content_type = request.headers.get("Content-Type", "")
+    headers = request.headers
+    content_type = headers.get(hdrs.CONTENT_TYPE, "")
     body = await http.read_body(request)
-    body_fmt = body_format(content_type) if bare_type(content_type) else looks_structured(body)
+    body_fmt = body_format(content_type)
+    if body_fmt is None and not bare_type(content_type):  # M3: no type, sniff the body
+        body_fmt = looks_structured(body)
     if body_fmt is None:
         staged = request[STATE].engine.stage(
             feed, body, content_type.strip() or OCTET_STREAM, http.principal(request)
@@ -128,9 +140,9 @@ async def post_feed(request: web.Request, feed: Feed) -> web.StreamResponse:
         return web.Response(
             status=201, headers={"Location": http.base(request).resource(staged.key)}
         )
-    fmt = http.reply_format(request, body_fmt)  # 406 before anything is routed
+    fmt = negotiate(headers.get(hdrs.ACCEPT), body_fmt)  # 406 before anything is routed
     counts = await publish(request, feed, body, body_fmt)
-    return web.Response(body=fastpath.counts(counts, fmt), headers={"Content-Type": fmt.media_type})
+    return web.Response(body=fastpath.counts(counts, fmt), content_type=fmt.media_type)
 
 
 async def publish(request: web.Request, feed: Feed, body: bytes, fmt: Format) -> list[int]:
@@ -142,7 +154,7 @@ async def publish(request: web.Request, feed: Feed, body: bytes, fmt: Format) ->
     state = request[STATE]
     config, engine = state.config, state.engine
     messages = fastpath.messages(body, fmt, config.codec, config.limits)
-    counts = engine.publish(feed, messages, http.principal(request))
+    counts = engine.publish(feed, messages, request[PRINCIPAL].name)
     if not engine.journal:  # nothing durable changed (non-persistent messages)
         return counts
     try:
@@ -165,8 +177,9 @@ async def publish_to(request: web.Request, where: str, body: bytes) -> list[int]
     found = split_path(uri_path(path))
     if found is None:
         raise NotFound(f"no RestMS resource at {where}")
-    target = _find(request[STATE].engine, *found)
-    access.visible(request, target)
+    kind, name = found
+    target = FIND[kind](request[STATE].engine, name)
+    access.visible(request[STATE], request[PRINCIPAL], target)
     if not isinstance(target, Feed):
         raise BadRequest(f"{where} is not a feed: only feeds are published to")
     access.may_publish(request, target)
@@ -429,28 +442,21 @@ def allowed(kind: str) -> tuple[str, ...]:
     return tuple([*names, "HEAD"]) if "GET" in names else tuple(names)
 
 
-def dispatch(request: web.Request, target: Any, engine: Engine) -> Awaitable[web.StreamResponse]:
-    """The checks of the method table, then the reply to await. Not a coroutine itself:
-    it would be one more per request, and what it decides needs no waiting."""
+def dispatch(
+    request: web.Request, target: Any, method: str, engine: Engine, principal: Principal
+) -> Handler:
+    """The checks of the method table and of access for ``method`` on ``target``, then
+    the handler that replies."""
     kind = _KINDS[type(target)]
-    method = "GET" if request.method == "HEAD" else request.method
-    entry = METHODS[kind].get(method)
+    entry = METHODS[kind].get("GET" if method == "HEAD" else method)
     if entry is None:
-        raise MethodNotAllowed(f"{request.method} is not defined on a {kind}", allowed(kind))
+        raise MethodNotAllowed(f"{method} is not defined on a {kind}", allowed(kind))
     if isinstance(entry, str):
         if not _exists(request, target):
             raise NotFound("no such resource")  # U12: absent positions are 404, not 403
         raise Forbidden(entry)
-    access.check(request, target)
-    if request.method == "POST" and idempotency.HEADER in request.headers:
-        return idempotency.once(
-            request,
-            request.app[REPLIES],
-            http.principal(request),
-            http.read_body,
-            lambda: _run(entry, request, target, engine),
-        )
-    return _run(entry, request, target, engine)
+    access.check(engine, principal, method, target)
+    return entry
 
 
 async def _run(
@@ -476,26 +482,47 @@ def _exists(request: web.Request, target: Any) -> bool:
     return True
 
 
-def _find(engine: Engine, kind: str | None, name: str) -> Any:
-    if kind == "domain":
-        return engine.domain(name)
-    if kind == "feed":
-        return engine.public_feed(name)
-    return engine.resolve(name)
+# How each kind's ``{name}`` is found. Each kind has a route of its own, whose handler
+# is handed its finder (:func:`handler`): asking the matched route its name would be
+# three Python-level property calls a request.
+FIND: dict[str, Callable[[Engine, str], Any]] = {
+    "domain": Engine.domain,
+    "feed": Engine.public_feed,
+    "resource": Engine.resolve,
+}
 
 
-async def handle(request: web.Request) -> web.StreamResponse:
-    """Entry point for every ``/restms/{kind}/{name}`` route."""
-    engine = request[STATE].engine
-    match = request.match_info
+def handler(kind: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """The handler of the ``/restms/{kind}/{name}`` route."""
+    return functools.partial(handle, find=FIND[kind])
+
+
+async def handle(request: web.Request, find: Callable[[Engine, str], Any]) -> web.StreamResponse:
+    """Entry point for every ``/restms/{kind}/{name}`` route (see :func:`handler`)."""
+    # Read once and passed on: each read from the request is a Python-level call.
+    state, principal, method = request[STATE], request[PRINCIPAL], request.method
+    engine = state.engine
     try:
-        target = _find(engine, match.route.name, match["name"])
-        access.visible(request, target)  # another's, or another tenant's: not there
+        target = find(engine, request.match_info["name"])
+        access.visible(state, principal, target)  # another's, or another tenant's: not there
     except NotFound:
-        if request.method == "DELETE":
+        if method == "DELETE":
             return web.Response(status=200)  # R4, L10: DELETE is idempotent
         raise
-    return await dispatch(request, target, engine)
+    entry = dispatch(request, target, method, engine, principal)
+    if method == "POST" and idempotency.HEADER in request.headers:
+        return await idempotency.once(
+            request,
+            request.app[REPLIES],
+            principal.name,
+            http.read_body,
+            lambda: _run(entry, request, target, engine),
+        )
+    # What _run does, without the coroutine it would cost every request.
+    response = await entry(request, target)
+    if engine.journal:  # no reply before what it reports is on disk
+        await committed(request)
+    return response
 
 
 async def unknown(request: web.Request) -> web.StreamResponse:
@@ -503,4 +530,4 @@ async def unknown(request: web.Request) -> web.StreamResponse:
     raise NotFound(f"no RestMS resource at {request.path}")
 
 
-__all__ = ["METHODS", "Format", "handle", "unknown"]
+__all__ = ["METHODS", "Format", "handle", "handler", "unknown"]

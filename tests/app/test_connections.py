@@ -378,6 +378,9 @@ async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
         "writer",
         "task",
     ]
+    # a head parsed whole is queued in _messages by data_received itself
+    received = await asyncio.to_thread(inspect.getsource, web.RequestHandler.data_received)
+    assert "self._messages.append((msg, payload))" in received
     server = inspect.signature(web.Server).parameters
     assert {"request_factory", "handler_cancellation"} <= server.keys()
     handler = inspect.signature(web.RequestHandler).parameters

@@ -8,6 +8,7 @@ of resource and only asks that the server answer with something other than 500.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import random
 from collections.abc import AsyncIterator
@@ -192,6 +193,21 @@ async def test_S3_body_over_max_body_is_413(
 ) -> None:
     body = doc(f'<message address="a"><content>{"x" * 2000}</content></message>').encode()
     (await call(small, method, path, body, content_type=content_type)).assert_text_error(413)
+
+
+async def test_S3_a_body_that_unpacks_past_max_body_is_413(small: Gateway) -> None:
+    """Counted as it is read, not as it came: 100 bytes of gzip unpack to 5,000."""
+    body = doc(f'<message address="a"><content>{"x" * 5000}</content></message>').encode()
+    packed = gzip.compress(body)
+    assert len(packed) < 1000 < len(body)
+    reply = await call(small, "POST", DEFAULT_FEED, packed, Content_Encoding="gzip")
+    reply.assert_text_error(413)
+
+
+async def test_S3_a_body_under_max_body_unpacked_is_published(small: Gateway) -> None:
+    body = doc('<message address="a"><content>packed</content></message>').encode()
+    reply = await call(small, "POST", DEFAULT_FEED, gzip.compress(body), Content_Encoding="gzip")
+    assert reply.status == 200, reply.body
 
 
 async def test_S3_put_over_max_body_is_413(small: Gateway) -> None:
