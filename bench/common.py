@@ -12,6 +12,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -138,14 +139,35 @@ def machine() -> dict[str, Any]:
     }
 
 
+def ensure_tool(command: str, package: str) -> str:
+    """``command`` from PATH, installing its Debian ``package`` if it is missing."""
+    found = shutil.which(command)
+    if found:
+        return found
+    log(f"{command} not found; installing {package} with apt-get")
+    install = ["apt-get", "install", "-y", "-q", package]
+    if subprocess.run(install, check=False, stdout=subprocess.DEVNULL).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
+    found = shutil.which(command)
+    if not found:
+        raise RuntimeError(f"{command} is still missing after apt-get install {package}")
+    return found
+
+
 # ---------------------------------------------------------------- server processes
 class Server:
     """A gateway or bare server child process, listening on 127.0.0.1 on a free port."""
 
     def __init__(
-        self, kind: str, env: dict[str, str] | None = None, data_dir: str | None = None
+        self,
+        kind: str,
+        env: dict[str, str] | None = None,
+        data_dir: str | None = None,
+        wrap: list[str] | None = None,
     ) -> None:
-        """``data_dir``: use (and keep) this data directory instead of a fresh one."""
+        """``data_dir``: use (and keep) this data directory instead of a fresh one;
+        ``wrap``: a script (and its arguments) that runs the server script for us."""
         self.kind = kind
         self.port = 0
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -168,6 +190,8 @@ class Server:
             argv = [PYTHON, str(BENCH / "bare_server.py"), "--host", HOST, "--port", "0"]
         else:
             raise ValueError(kind)
+        if wrap:
+            argv[1:1] = wrap
         full_env = dict(os.environ)
         full_env.update(env or {})
         self._log = self.logfile.open("wb")
@@ -221,8 +245,13 @@ class Server:
         return self.proc.returncode
 
 
-def start(kind: str, env: dict[str, str] | None = None, data_dir: str | None = None) -> Server:
-    server = Server(kind, env, data_dir)
+def start(
+    kind: str,
+    env: dict[str, str] | None = None,
+    data_dir: str | None = None,
+    wrap: list[str] | None = None,
+) -> Server:
+    server = Server(kind, env, data_dir, wrap)
     try:
         return server.wait_ready()
     except BaseException:

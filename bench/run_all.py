@@ -9,6 +9,7 @@
     bench/run --only websocket # benchmark 12: WebSocket fan-out to 1,000 sockets
     bench/run --only mirror    # benchmark 13: publish with the traffic mirror on vs off
     bench/run --only analytics # benchmark 14: Spark queries over 10 million events
+    bench/run --only cost      # benchmark 15: Python steps and CPU instructions a publish takes
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
@@ -40,6 +41,7 @@ from bench import (
     asynclets,
     auth_cost,
     backlog,
+    cost,
     latency,
     mirror,
     throughput,
@@ -134,6 +136,10 @@ def section_analytics(args: argparse.Namespace) -> dict[str, Any]:
     return analytics.run(args.analytics_events, args.analytics_rounds)
 
 
+def section_cost(args: argparse.Namespace) -> dict[str, Any]:
+    return cost.run(GATEWAY_ENV, args.rounds, args.cost_steps, args.cost_requests)
+
+
 def section_websocket(args: argparse.Namespace) -> dict[str, Any]:
     return websocket_fanout.run(
         args.ws_rounds, args.ws_pipes, args.ws_rate, args.ws_seconds, args.ws_burst
@@ -210,6 +216,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(_zeromq_rows(results.get("zeromq", {})))
     rows.extend(_webhook_rows(results.get("webhooks", {})))
     rows.extend(_websocket_rows(results.get("websocket", {})))
+    rows.extend(_cost_rows(results.get("cost", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -250,6 +257,40 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
                 "pass": None,
             }
         )
+    return rows
+
+
+def _cost_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 15: counts, not a target (benchmark 1's ratio is the target)."""
+    rows: list[dict[str, Any]] = []
+    steps = data.get("steps", {})
+    if "gateway" in steps and "bare" in steps:
+        g, b = steps["gateway"]["per_request"], steps["bare"]["per_request"]
+        rows.append(
+            {
+                "benchmark": "15. Python steps a single publish takes (main thread)",
+                "unit": "steps",
+                "gateway": g,
+                "bare": b,
+                "ratio": g / b,
+                "target": "(diagnostic)",
+                "pass": None,
+            }
+        )
+    for key in ("instructions", "cycles"):
+        g, b = cost.medians(data, "gateway")[key], cost.medians(data, "bare")[key]
+        if g is not None and b is not None:
+            rows.append(
+                {
+                    "benchmark": f"15. CPU {key} a single publish takes (main thread)",
+                    "unit": key,
+                    "gateway": g,
+                    "bare": b,
+                    "ratio": g / b,
+                    "target": "(diagnostic)",
+                    "pass": None,
+                }
+            )
     return rows
 
 
@@ -594,6 +635,12 @@ def main() -> int:
     parser.add_argument("--analytics-events", type=int, default=10_000_000, help="events, #14")
     parser.add_argument("--analytics-rounds", type=int, default=3, help="rounds for #14")
     parser.add_argument(
+        "--cost-steps", type=int, default=3_000, help="#15: publishes whose steps are counted"
+    )
+    parser.add_argument(
+        "--cost-requests", type=int, default=20_000, help="#15: publishes per perf stat round"
+    )
+    parser.add_argument(
         "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
     )
     parser.add_argument(
@@ -611,6 +658,7 @@ def main() -> int:
             "websocket",
             "mirror",
             "analytics",
+            "cost",
         ],
         default=None,
     )
@@ -629,6 +677,7 @@ def main() -> int:
         args.ws_burst = min(args.ws_burst, 20)
         args.analytics_events = min(args.analytics_events, 1_000_000)
         args.analytics_rounds = 1
+        args.cost_steps, args.cost_requests = 1_000, 5_000
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -652,6 +701,7 @@ def main() -> int:
         "websocket": section_websocket,
         "mirror": section_mirror,
         "analytics": section_analytics,
+        "cost": section_cost,
     }
     t0 = time.monotonic()
     try:
@@ -691,6 +741,9 @@ def main() -> int:
     if "analytics" in results:
         for line in analytics.describe(results["analytics"]):
             print(f"  analytics {line}")
+    if "cost" in results:
+        for line in cost.describe(results["cost"]):
+            print(f"  cost {line}")
     for name, error in results["errors"].items():
         print(f"\n{name} FAILED:\n{error}")
     print(f"\nraw results: {path.relative_to(RESULTS.parent.parent)}")

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import subprocess
 import tempfile
 import time
@@ -33,6 +32,7 @@ from bench.common import (
     XML,
     Server,
     cpu_seconds,
+    ensure_tool,
     json_messages,
     log,
     machine_busy,
@@ -63,18 +63,7 @@ GATEWAY_ONLY = frozenset({"single_durable", "batch_durable"})
 
 def ensure_wrk() -> str:
     """wrk from PATH, installing the Debian package if it is missing."""
-    found = shutil.which("wrk")
-    if found:
-        return found
-    log("wrk not found; installing it with apt-get")
-    install = ["apt-get", "install", "-y", "-q", "wrk"]
-    if subprocess.run(install, check=False, stdout=subprocess.DEVNULL).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], check=True, stdout=subprocess.DEVNULL)
-        subprocess.run(install, check=True, stdout=subprocess.DEVNULL)
-    found = shutil.which("wrk")
-    if not found:
-        raise RuntimeError("wrk is still missing after apt-get install")
-    return found
+    return ensure_tool("wrk", "wrk")
 
 
 def run_wrk(
