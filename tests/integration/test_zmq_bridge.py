@@ -556,14 +556,22 @@ async def test_a_reply_to_a_requester_that_has_gone_is_counted_not_fatal(
     [request] = await take(gw, service, 1)
     await leaving.kill()
     await until(lambda: zb(gw, "rpc").peers == 0, 10, "the requester gone")
+    # The monitor reports the disconnect before the router has retired the peer's pipe;
+    # a reply sent in between goes into that pipe and ZeroMQ drops it unseen. ZeroMQ hands
+    # the socket its commands in order, so once a requester that connected later has been
+    # answered, the router knows the first one has gone.
+    staying = await peers.start("req", "--endpoint", endpoint(gw, "rpc"))
+
+    async def round_trip() -> None:
+        serving = asyncio.create_task(http_service(gw, service, 1))
+        await staying.send({"op": "request", "frames": b64(ask), "timeout": 10})
+        frames = unb64((await staying.event("reply", 15))["frames"])
+        await serving
+        assert (envelope(frames)["p"], frames[2]) == ({"correlation_id": "bye"}, b"ok:?")
+
+    await round_trip()
     await publish(gw, "default", {"address": request["reply_to"],
                                   "correlation_id": request["message_id"]})  # fmt: skip
     await until(lambda: zb(gw, "rpc").counters.lost_peers == 1, 10, "a lost peer")
     assert "went away" in zb(gw, "rpc").health.last_error
-    # the next requester is served as usual
-    staying = await peers.start("req", "--endpoint", endpoint(gw, "rpc"))
-    serving = asyncio.create_task(http_service(gw, service, 1))
-    await staying.send({"op": "request", "frames": b64(ask), "timeout": 10})
-    frames = unb64((await staying.event("reply", 15))["frames"])
-    await serving
-    assert (envelope(frames)["p"], frames[2]) == ({"correlation_id": "bye"}, b"ok:?")
+    await round_trip()  # the bridge goes on serving
