@@ -166,19 +166,15 @@ async def test_curve_needs_the_right_server_key(peers: Peers) -> None:
     server_public, server_secret = zmq.curve_keypair()
     wrong_public, _ = zmq.curve_keypair()
 
-    def curve(secret: bytes, public: bytes, *role: str) -> tuple[str, ...]:
-        return ("--curve-secret", secret.decode(), "--curve-public", public.decode(), *role)
+    def curve(secret: bytes, public: bytes, serverkey: bytes | None = None) -> tuple[str, ...]:
+        # "--option=value": a Z85 key may start with "-", which would read as an option
+        role = f"--curve-serverkey={serverkey.decode()}" if serverkey else "--curve-server"
+        return (f"--curve-secret={secret.decode()}", f"--curve-public={public.decode()}", role)
 
-    pub = await bound(peers, "pub", *curve(server_secret, server_public, "--curve-server"))
+    pub = await bound(peers, "pub", *curve(server_secret, server_public))
     client_public, client_secret = zmq.curve_keypair()
-    good = await connected(
-        peers, "sub", pub, *curve(client_secret, client_public, "--curve-serverkey",
-                                  server_public.decode()),
-    )  # fmt: skip
-    bad = await connected(
-        peers, "sub", pub, *curve(client_secret, client_public, "--curve-serverkey",
-                                  wrong_public.decode()),
-    )  # fmt: skip
+    good = await connected(peers, "sub", pub, *curve(client_secret, client_public, server_public))
+    bad = await connected(peers, "sub", pub, *curve(client_secret, client_public, wrong_public))
     await settle(pub, [good], [b"probe"])
     messages = [[b"secret %d" % i] for i in range(50)]
     await pub.send({"op": "send_many", "messages": [b64(m) for m in messages]})
@@ -186,11 +182,8 @@ async def test_curve_needs_the_right_server_key(peers: Peers) -> None:
     await asyncio.sleep(0.5)  # the bad client had as long as the good one, and more
     assert (await bad.stats())["received"] == 0
 
-    pull = await bound(peers, "pull", *curve(server_secret, server_public, "--curve-server"))
-    push = await connected(
-        peers, "push", pull, *curve(client_secret, client_public, "--curve-serverkey",
-                                    server_public.decode()),
-    )  # fmt: skip
+    pull = await bound(peers, "pull", *curve(server_secret, server_public))
+    push = await connected(peers, "push", pull, *curve(client_secret, client_public, server_public))
     await push.send({"op": "send", "frames": b64([b"over curve"]), "count": 10})
     assert await pull.received(10) == [[b"over curve"]] * 10
 
