@@ -10,7 +10,8 @@ without a restart. Tokens already issued stay valid until they expire, unless th
 client is revoked through the gateway (``DELETE /admin/clients/{id}``:
 :mod:`auth.revocations`).
 
-Secrets are 32 random bytes (``secrets.token_urlsafe``), shown once and stored only as
+Secrets are 32 random bytes (``secrets.token_urlsafe``), never starting with "-" (the
+admin CLI's ``--client-secret S`` would read one as an option), shown once and stored only as
 ``scrypt$<n>$<r>$<p>$<salt>$<hash>`` (base64). scrypt is slow on purpose: every
 :func:`hash_secret`, :func:`verify_secret` and :meth:`ClientStore.authenticate` costs
 tens of milliseconds of CPU, and every :class:`ClientStore` method does blocking file
@@ -144,6 +145,15 @@ def parse_scopes(text: str) -> tuple[str, ...]:
 _Version = tuple[int, int, int, int]  # inode, size, mtime, ctime: what tells a new file apart
 
 
+def new_secret() -> str:
+    """A client secret: 43 URL-safe characters of 32 random bytes. One draw in 64 starts
+    with "-", which a command line reads as an option: such a draw is drawn again."""
+    while True:
+        secret = secrets.token_urlsafe(32)
+        if secret[0] != "-":
+            return secret
+
+
 class ClientStore:
     """The configured clients plus those in the file ``path``.
 
@@ -194,7 +204,7 @@ class ClientStore:
         check_client_id(client_id)
         if client_id in self._configured:
             raise ValueError(f"client {client_id!r} is in the configuration already")
-        secret = secrets.token_urlsafe(32)
+        secret = new_secret()
         client = Client(client_id=client_id, secret_hash=hash_secret(secret), scopes=tuple(scopes))
         with self._edit() as stored:
             if client_id in stored:

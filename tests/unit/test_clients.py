@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from auth import clients
 from auth.clients import Client, ClientStore, hash_secret, parse_scopes, verify_secret
 
 
@@ -86,6 +87,23 @@ def test_parse_scopes_keeps_order_once_each() -> None:
 
 
 # -- the store ----------------------------------------------------------------------
+
+
+def test_a_secret_is_43_url_safe_characters_never_starting_with_a_dash() -> None:
+    drawn = [clients.new_secret() for _ in range(3_000)]
+    assert all(len(s) == 43 and s.replace("-", "").replace("_", "").isalnum() for s in drawn)
+    assert len(set(drawn)) == len(drawn)
+    # one base64 character in 64 is "-": 3,000 draws without the rule would hold about 47
+    assert not [s for s in drawn if s.startswith("-")]
+
+
+def test_a_secret_drawn_with_a_leading_dash_is_drawn_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``main.py clients list --client-secret -abc...`` would read it as an option."""
+    draws = iter(["-" + "a" * 42, "b" * 43])
+    monkeypatch.setattr(clients.secrets, "token_urlsafe", lambda n: next(draws))
+    assert clients.new_secret() == "b" * 43
 
 
 @pytest.fixture
