@@ -22,6 +22,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeOptions, PipeSpec, Update
 from restms.uris import split_path
 
 from .config import DEFAULT_FEED, OVERHEAD, Counters, EngineConfig, FeedConfig
+from .deadlines import Deadlines
 from .events import Events
 from .mirroring import Copies, Sink, emit_pipe
 from .model import (
@@ -105,6 +106,7 @@ class Core(Staging, Placement):
         self.journal: list[Op] | None = None
         self._moved: set[Pipe] = set()
         self.closing = False  # set by shutdown(): waits end with a retriable 503
+        self.deadlines = Deadlines()  # when the asynclets waiting now stop waiting
         # Webhook pipes, and whoever delivers them: told when one is made, changed or
         # deleted. Their delivery state changed since the last journal is written lazily.
         self.hooks: dict[str, Pipe] = {}

@@ -466,12 +466,21 @@ class Delivery(Core):
             ondemand = pipe.type == "ondemand"
             if ondemand and not pipe.messages and self._pull(pipe):
                 continue
+            remaining = deadline - self._mono()
+            if remaining <= 0:
+                return None
+            # pipe.changed, inline and with a shared timer: for each waiting asynclet a
+            # coroutine frame and a loop timer less (feeds/deadlines.py).
+            future = pipe.watch()
+            self.deadlines.add(future, remaining)
             if ondemand:
                 pipe.demand += 1
             try:
-                if not await pipe.changed(deadline - self._mono()):
+                if not await future:
                     return None
             finally:
+                pipe.unwatch(future)
+                self.deadlines.ended(future)
                 if ondemand:
                     pipe.demand -= 1
 

@@ -31,7 +31,7 @@ class Watchable:
         self.version = 1
         self.modified = now
         self.deleted = False
-        self._waiters: set[asyncio.Future[None]] | None = None
+        self._waiters: set[asyncio.Future[bool]] | None = None
 
     def touch(self, now: float) -> None:
         self.version += 1
@@ -44,7 +44,28 @@ class Watchable:
         if waiters:
             for future in waiters:
                 if not future.done():
-                    future.set_result(None)
+                    future.set_result(True)
+
+    def watch(self) -> asyncio.Future[bool]:
+        """A future the next touch resolves with True.
+
+        Whoever awaits it ends the wait as it likes (a timer of its own, or
+        :class:`feeds.deadlines.Deadlines` resolving it with False) and calls
+        :meth:`unwatch` once done, however the wait ended (cancelled too). A caller that
+        loops around it (the engine's asynclet) awaits the future in its own frame:
+        no coroutine of :meth:`changed` for each waiter.
+        """
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters
+        if waiters is None:
+            waiters = self._waiters = set()
+        waiters.add(future)
+        return future
+
+    def unwatch(self, future: asyncio.Future[bool]) -> None:
+        """Forget a future :meth:`watch` gave."""
+        if self._waiters is not None:
+            self._waiters.discard(future)
 
     async def changed(self, timeout: float, since: int | None = None) -> bool:
         """Wait until the next touch (True) or until ``timeout`` seconds pass (False).
@@ -56,23 +77,23 @@ class Watchable:
             return True
         if timeout <= 0:
             return False
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if self._waiters is None:
-            self._waiters = set()
-        self._waiters.add(future)
+        future = self.watch()
+        timer = future.get_loop().call_later(timeout, _expire, future)
         try:
-            async with asyncio.timeout(timeout):
-                await future
-            return True
-        except TimeoutError:
-            return False
+            return await future
         finally:
-            if self._waiters is not None:
-                self._waiters.discard(future)
+            timer.cancel()
+            self.unwatch(future)
 
     @property
     def waiting(self) -> int:
         return len(self._waiters) if self._waiters else 0
+
+
+def _expire(future: asyncio.Future[bool]) -> None:
+    """The timer of a wait: its time is up, unless a touch came first."""
+    if not future.done():
+        future.set_result(False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 import json
 import logging
@@ -424,22 +423,38 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
-@contextlib.contextmanager
-def waiting(request: web.Request, kind: str) -> Any:
+def waiting(request: web.Request, kind: str) -> Waiting:
     """Hold one of the principal's concurrent-wait slots, or for a ``"websocket"`` one
     of its WebSocket slots (429 when it has none left); counted by ``kind``
-    (:data:`WAIT_KINDS`) while held."""
-    authenticator = request.app[AUTH]
-    socket = kind == "websocket"
-    slots = authenticator.sockets if socket else authenticator.waits
-    what = "WebSockets" if socket else "waiting requests or streams"
-    name = request[PRINCIPAL].name
-    if not slots.acquire(name):
-        raise TooManyRequests(f"more than {slots.limit} {what} open at once", 1)
-    held = authenticator.open_waits
-    held[kind] += 1
-    try:
-        yield
-    finally:
-        held[kind] -= 1
-        slots.release(name)
+    (:data:`WAIT_KINDS`) while held. Use: ``with waiting(request, kind):``."""
+    return Waiting(request.app[AUTH], kind, request[PRINCIPAL].name)
+
+
+class Waiting:
+    """A wait slot, held from ``__enter__`` to ``__exit__`` (see :func:`waiting`).
+
+    A plain object, not a ``contextlib.contextmanager``: it lives as long as the wait,
+    and a generator's frame and its wrapper cost each waiting request some 400 bytes.
+    """
+
+    __slots__ = ("_authenticator", "_kind", "_name")
+
+    def __init__(self, authenticator: Authenticator, kind: str, name: str) -> None:
+        self._authenticator = authenticator
+        self._kind = kind
+        self._name = name
+
+    def _slots(self) -> Slots:
+        authenticator = self._authenticator
+        return authenticator.sockets if self._kind == "websocket" else authenticator.waits
+
+    def __enter__(self) -> None:
+        slots = self._slots()
+        if not slots.acquire(self._name):
+            what = "WebSockets" if self._kind == "websocket" else "waiting requests or streams"
+            raise TooManyRequests(f"more than {slots.limit} {what} open at once", 1)
+        self._authenticator.open_waits[self._kind] += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._authenticator.open_waits[self._kind] -= 1
+        self._slots().release(self._name)

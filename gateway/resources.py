@@ -295,7 +295,20 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
         fmt = http.reply_format(request)  # 406 before waiting, not after
         message = await _fetch(request, slot, 0.0)  # there already: no wait, no slot
         if message is None:
-            message = await _wait(request, slot)
+            # A2, A9: the asynclet waits (a slot of the principal's), at most until its
+            # token expires. The wait is in this frame, not a helper coroutine's: each
+            # coroutine on the chain costs every waiting asynclet its frame.
+            with waiting(request, "asynclet"):
+                wait = http.bounded(request, request[STATE].config.max_wait)
+                while True:
+                    try:
+                        message = await engine.wait_message(slot, wait)
+                        break
+                    except OnDisk:  # it arrived while we waited, and went to disk
+                        await spill.ensure(request.app, pipe, slot.seq)
+            if message is None:
+                http.check_credentials(request)
+                raise http.wait_expired(request, "asynclet")
     if message is None:
         raise NotFound("no message at this position yet")
     if request.method == "GET":
@@ -322,16 +335,6 @@ async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | Non
             return await engine.wait_message(slot, wait)
         except OnDisk:  # it arrived while we waited, and went to disk
             await spill.ensure(request.app, slot.pipe, slot.seq)
-
-
-async def _wait(request: web.Request, slot: Slot) -> Message:
-    """A2, A9: the asynclet waits (a slot of the principal's), at most until its token expires."""
-    with waiting(request, "asynclet"):
-        message = await _fetch(request, slot, http.bounded(request, request[STATE].config.max_wait))
-    if message is None:
-        http.check_credentials(request)
-        raise http.wait_expired(request, "asynclet")
-    return message
 
 
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:
@@ -516,7 +519,9 @@ async def handle(request: web.Request, find: Callable[[Engine, str], Any]) -> we
             request.app[REPLIES],
             principal.name,
             http.read_body,
-            lambda: _run(entry, request, target, engine),
+            # A partial, not a lambda: a lambda's cells would cost every request
+            # (and every waiting asynclet) four cell objects, made when handle starts.
+            functools.partial(_run, entry, request, target, engine),
         )
     # What _run does, without the coroutine it would cost every request.
     response = await entry(request, target)

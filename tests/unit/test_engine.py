@@ -164,6 +164,23 @@ async def test_A9_wait_returns_none_when_the_time_runs_out() -> None:
         assert await e.wait_message(Slot(pipe, 1), 0.05) is None
 
 
+@pytest.mark.parametrize("kind", ["", "ondemand"])
+async def test_A6_a_wait_given_up_or_timed_out_leaves_nothing_behind(kind: str) -> None:
+    e = engine()
+    pipe = new_pipe(e, kind)
+    waiter = asyncio.create_task(e.wait_message(Slot(pipe, 1), 5))
+    await asyncio.sleep(0.02)
+    assert pipe.waiting == 1
+    assert pipe.demand == (1 if kind else 0)
+    waiter.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (pipe.waiting, pipe.demand, e.deadlines._dead) == (0, 0, 1)
+    async with asyncio.timeout(1):
+        assert await e.wait_message(Slot(pipe, 1), 0.02) is None
+    assert (pipe.waiting, pipe.demand, e.deadlines._dead) == (0, 0, 1)
+
+
 @pytest.mark.parametrize("seq", [0, 2, 50])
 async def test_A5_wait_beyond_the_asynclet_is_404_at_once(seq: int) -> None:
     e = engine()
