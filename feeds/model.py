@@ -31,20 +31,24 @@ class Watchable:
         self.version = 1
         self.modified = now
         self.deleted = False
-        self._waiters: set[asyncio.Future[bool]] | None = None
+        # Who waits for the next touch: nobody, one future (a pipe's one reader, the
+        # usual case), or a set of them. A set costs 216 bytes even for one.
+        self._waiters: asyncio.Future[bool] | set[asyncio.Future[bool]] | None = None
 
     def touch(self, now: float) -> None:
         self.version += 1
         self.modified = now
-        if self._waiters:  # publishing touches a pipe per message: mostly nobody waits
+        if self._waiters is not None:  # publishing touches a pipe per message: mostly nobody waits
             self.wake()
 
     def wake(self) -> None:
         waiters, self._waiters = self._waiters, None
-        if waiters:
+        if isinstance(waiters, set):
             for future in waiters:
                 if not future.done():
                     future.set_result(True)
+        elif waiters is not None and not waiters.done():
+            waiters.set_result(True)
 
     def watch(self) -> asyncio.Future[bool]:
         """A future the next touch resolves with True.
@@ -58,14 +62,20 @@ class Watchable:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         waiters = self._waiters
         if waiters is None:
-            waiters = self._waiters = set()
-        waiters.add(future)
+            self._waiters = future
+        elif isinstance(waiters, set):
+            waiters.add(future)
+        else:
+            self._waiters = {waiters, future}
         return future
 
     def unwatch(self, future: asyncio.Future[bool]) -> None:
         """Forget a future :meth:`watch` gave."""
-        if self._waiters is not None:
-            self._waiters.discard(future)
+        waiters = self._waiters
+        if waiters is future:
+            self._waiters = None
+        elif isinstance(waiters, set):
+            waiters.discard(future)
 
     async def changed(self, timeout: float, since: int | None = None) -> bool:
         """Wait until the next touch (True) or until ``timeout`` seconds pass (False).
@@ -87,7 +97,10 @@ class Watchable:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters) if self._waiters else 0
+        waiters = self._waiters
+        if isinstance(waiters, set):
+            return len(waiters)
+        return 0 if waiters is None else 1
 
 
 def _expire(future: asyncio.Future[bool]) -> None:

@@ -266,6 +266,18 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
             if etag_ok and date_ok:
                 return
             engine.check_open()  # shutdown wakes every wait: a retriable 503, not a hang
-            if not await resource.changed(deadline - time.monotonic()):
+            # resource.changed, inline and with the engine's shared timer, as asynclets
+            # wait (feeds/deadlines.py): a coroutine and a loop timer less per waiter.
+            remaining = deadline - time.monotonic()
+            woken = False
+            if remaining > 0:
+                future = resource.watch()
+                engine.deadlines.add(future, remaining)
+                try:
+                    woken = await future
+                finally:
+                    resource.unwatch(future)
+                    engine.deadlines.ended(future)
+            if not woken:
                 check_credentials(request)
                 raise wait_expired(request, "evented GET")

@@ -84,6 +84,16 @@ async def test_one_loop_timer_serves_every_deadline() -> None:
 
 async def test_watch_wakes_with_true_and_unwatch_forgets() -> None:
     resource = Watchable(0.0)
+    alone = resource.watch()  # one waiter: held without a set
+    assert resource.waiting == 1
+    resource.unwatch(alone)
+    assert resource.waiting == 0
+    resource.touch(1.0)
+    assert not alone.done()
+    alone = resource.watch()
+    resource.touch(2.0)
+    assert alone.result() is True
+    assert resource.waiting == 0
     first, second = resource.watch(), resource.watch()
     assert resource.waiting == 2
     resource.unwatch(second)
