@@ -42,6 +42,7 @@ from restms.errors import TooManyRequests, Unauthorized
 
 from . import oauth, page
 from .config import Config
+from .connections import waits
 from .keys import CONFIG, ENGINE
 
 log = logging.getLogger(__name__)
@@ -426,7 +427,12 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
 def waiting(request: web.Request, kind: str) -> Waiting:
     """Hold one of the principal's concurrent-wait slots, or for a ``"websocket"`` one
     of its WebSocket slots (429 when it has none left); counted by ``kind``
-    (:data:`WAIT_KINDS`) while held. Use: ``with waiting(request, kind):``."""
+    (:data:`WAIT_KINDS`) while held. Use: ``with waiting(request, kind):``.
+
+    Every long wait starts here, so here its connection's keep-alive timer is stopped
+    (:func:`gateway.connections.waits`: memory only, while a request is in hand).
+    """
+    waits(request)
     return Waiting(request.app[AUTH], kind, request[PRINCIPAL].name)
 
 

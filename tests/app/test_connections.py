@@ -71,9 +71,9 @@ async def exchange(gw: Gateway, request: bytes) -> bytes:
         writer.close()
 
 
-async def read_reply(reader: asyncio.StreamReader) -> bytes:
+async def read_reply(reader: asyncio.StreamReader, seconds: float = 2.0) -> bytes:
     """One whole reply with a Content-Length, leaving the connection open."""
-    async with asyncio.timeout(2):
+    async with asyncio.timeout(seconds):
         head = await reader.readuntil(b"\r\n\r\n")
         (length,) = [
             int(line.split(b":")[1])
@@ -215,6 +215,32 @@ async def test_idle_keepalive_connection_is_closed_after_keepalive_timeout(
     assert reply.startswith(b"HTTP/1.1 200")
     assert 0.25 <= time.monotonic() - started < 1.0
     await settled(gw)
+
+
+async def test_a_wait_outlives_keepalive_and_the_idle_after_its_reply_is_still_timed(
+    make_gateway: MakeGateway,
+) -> None:
+    """A wait stops the keep-alive timer (connections.waits); the reply's end arms it again."""
+    gw = await make_gateway(keepalive_timeout=0.3, max_wait=0.8)
+    pipe = await new_pipe(gw)
+    asynclet = yarl.URL(pipe["message"][-1]["href"]).path
+    reader, writer = await connect(gw)
+    assert gw.runner is not None
+    assert gw.runner.server is not None
+    server, ours = gw.runner.server, writer.get_extra_info("sockname")
+    await eventually(
+        lambda: any(c.peername == ours for c in server.connections), "our connection seen"
+    )
+    (protocol,) = [c for c in server.connections if c.peername == ours]
+    assert protocol._keepalive_handle is not None  # armed when the connection opened
+    writer.write(b"GET %s HTTP/1.1\r\nHost: gw\r\n\r\n" % asynclet.encode())
+    await eventually(lambda: protocol._keepalive_handle is None, "stopped for the wait")
+    reply = await read_reply(reader, 3.0)  # the wait expires: 503, kept alive
+    replied = time.monotonic()
+    assert status_of(reply) == 503, reply[:200]
+    assert await read_all(reader) == b""  # then closed, idle for keepalive_timeout
+    writer.close()
+    assert 0.2 <= time.monotonic() - replied < 1.5
 
 
 async def test_slow_request_body_is_cut_after_body_timeout(make_gateway: MakeGateway) -> None:
@@ -381,6 +407,9 @@ async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
     # a head parsed whole is queued in _messages by data_received itself
     received = await asyncio.to_thread(inspect.getsource, web.RequestHandler.data_received)
     assert "self._messages.append((msg, payload))" in received
+    # the keep-alive timer a wait stops (connections.waits) is armed again at a reply's end
+    start = await asyncio.to_thread(inspect.getsource, web.RequestHandler.start)
+    assert "if self._keepalive_handle is None:" in start
     server = inspect.signature(web.Server).parameters
     assert {"request_factory", "handler_cancellation"} <= server.keys()
     handler = inspect.signature(web.RequestHandler).parameters
