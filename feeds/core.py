@@ -114,11 +114,12 @@ class Core(Staging, Placement):
         # What the publish under way did with its copies, for its request record
         # (feeds.mirroring.Copies), while a publish of several messages is mirrored.
         self._copies: Copies | None = None
-        # While a publish of one message routes it (Delivery._publish_alone), with the
-        # mirror on: its copy's route event waits (``_held``, the copy's pipe) to be
-        # mirrored with the publish event as one record (feeds.mirroring.emit_routed).
-        self._alone = False
-        self._held: Pipe | None = None
+        # While a publish routes with the mirror on: takes the pipe of each copy placed
+        # (Placement._deliver), to be mirrored with the publish as one record: the
+        # ``append`` of ``_copies.pipes``, or of a publish of one message's list for its
+        # one copy (Delivery._publish_alone, feeds.mirroring.emit_routed). None when
+        # each copy's route event is a tuple of its own.
+        self._collect: Callable[[Pipe], None] | None = None
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.

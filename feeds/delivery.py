@@ -91,15 +91,15 @@ class Delivery(Core):
             return [count]
         counts: list[int] = []
         route = self._route
-        # With the mirror on, the copies of a batch are collected (``_deliver``) and
-        # mirrored with the publish as one request record (feeds.mirroring).
+        # With the mirror on, the copies of a batch are collected (``_deliver``, the
+        # pipe of each) and mirrored with the publish as one request record
+        # (feeds.mirroring): nothing is noted a message, its count says its copies.
         copies: Copies | None = None
         if self.mirror is not None and len(messages) > 1:
             copies = self._copies = Copies()
+            self._collect = copies.pipes.append
         try:
             for index, spec in enumerate(messages):
-                if copies is not None:
-                    copies.routes.append(len(copies.pipes))
                 if repeats and index in repeats:
                     assert window is not None
                     assert ids is not None
@@ -114,7 +114,7 @@ class Delivery(Core):
                     assert window is not None
                     window.add(message_id, count, mono)
         finally:
-            self._copies = None
+            self._copies = self._collect = None
         counters = self.counters
         if repeats:
             counters.published += len(messages) - len(repeats)
@@ -159,21 +159,20 @@ class Delivery(Core):
         assert self.mirror is not None
         parts, size = claimed
         durable = persistent(spec) if spec.props else False
-        self._alone = True
+        held: list[Pipe] = []  # the pipe of its copy, when it has one
+        self._collect = held.append
         try:
             count = self._route(feed, spec, parts, now, durable, size)
         except BaseException:  # its copy was placed: the route event held, as it was
-            if self._held is not None:
-                emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=self._held)
+            if held:
+                emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=held[0])
             raise
         finally:
-            self._alone = False
-            held = self._held
-            self._held = None
+            self._collect = None
         self.counters.published += 1
         published = embedded(spec) if linked else size  # staged parts: not here
-        if held is not None:  # its one copy's route event, then its publish event
-            emit_routed(self.mirror, now, feed, spec, held, size, owner, published)
+        if held:  # its one copy's route event, then its publish event
+            emit_routed(self.mirror, now, feed, spec, held[0], size, owner, published)
         else:
             emit_feed(self.mirror, "publish", now, feed, spec, published, owner, OK)
         return count
@@ -343,7 +342,11 @@ class Delivery(Core):
             return 1
         if not joins:
             return 0
-        self._alone = False  # several joins match: the copies' events as tuples, in order
+        copies = self._copies  # a publish of several messages, mirrored: in its record
+        if copies is None:  # one message: the copies' events as tuples, in order
+            self._collect = None
+        else:
+            placed = len(copies.pipes)
         count = 0
         # A pipe gets one copy however many of its joins match; each matching join counts.
         took: set[Pipe] | None = None if len(joins) == 1 else set()
@@ -358,6 +361,8 @@ class Delivery(Core):
             if took is not None:
                 took.add(pipe)
             self._deliver(pipe, spec, parts, feed, now, durable, size, redeliveries)
+        if copies is not None and count > len(copies.pipes) - placed:  # a pipe's joins
+            copies.extra.append((placed, count - len(copies.pipes) + placed))
         return count
 
     def _room(self, feed: Feed, spec: MessageSpec, pipe: Pipe, now: float, size: int) -> bool:
@@ -370,8 +375,8 @@ class Delivery(Core):
         self.counters.skipped_full += 1
         if self.mirror is not None:
             copies = self._copies
-            if copies is not None:  # a publish: one record with it (routes: one a message)
-                copies.skipped.append((len(copies.routes) - 1, pipe, size))
+            if copies is not None:  # a publish: one record with it
+                copies.skipped.append((spec, pipe, size))
             else:
                 emit_feed(self.mirror, "drop", now, feed, spec, size, None, "full", pipe)
         if self.events is not None:
@@ -383,12 +388,12 @@ class Delivery(Core):
         publish collects its copies or holds its route event, the event's own copy is
         mirrored as itself, not as one of the publish's."""
         assert self.events is not None
-        copies, alone, held = self._copies, self._alone, self._held
-        self._copies, self._alone, self._held = None, False, None
+        copies, collect = self._copies, self._collect
+        self._copies = self._collect = None
         try:
             self.events.pipe_full(pipe, feed, size)
         finally:
-            self._copies, self._alone, self._held = copies, alone, held
+            self._copies, self._collect = copies, collect
 
     def _make_room(self, pipe: Pipe, size: int) -> bool:
         """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of

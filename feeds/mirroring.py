@@ -27,7 +27,6 @@ import functools
 import hashlib
 import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from restms.specs import Duplicate, EmbeddedContent, MessageSpec
@@ -42,15 +41,22 @@ class Sink(Protocol):
     def __call__(self, item: tuple[Any, ...], rows: int = 1, /) -> None: ...
 
 
-@dataclass(slots=True)
 class Copies:
     """What a publish of several messages did with its copies, collected while it
-    routes (``Engine.publish``, ``_deliver``, ``_room``) for its request record."""
+    routes (``Engine.publish``, ``_deliver``, ``_route``, ``_room``) for its request
+    record. Nothing is noted a message: how many copies each message had is its count
+    (the joins it matched, ``Engine.publish``'s answer), less what ``extra`` says."""
 
-    routes: list[int] = field(default_factory=list)  # copies placed before each message
-    pipes: list[Pipe] = field(default_factory=list)  # the pipe of each copy placed
-    # (message index, pipe, size) of each copy a full pipe skipped
-    skipped: list[tuple[int, Pipe, int]] = field(default_factory=list)
+    __slots__ = ("extra", "pipes", "skipped")
+
+    def __init__(self) -> None:
+        self.pipes: list[Pipe] = []  # the pipe of each copy placed, in order
+        # (copies placed before the message, joins it counted with no copy of their
+        # own): a message that several joins of one pipe matched (one copy, each join
+        # counted); it had a copy, so the first number tells it from other messages
+        self.extra: list[tuple[int, int]] = []
+        # (message, pipe, size) of each copy a full pipe skipped
+        self.skipped: list[tuple[MessageSpec, Pipe, int]] = []
 
 
 OK = "ok"
@@ -259,11 +265,11 @@ def emit_request(
 ) -> None:
     """An accepted publish as one request record: the "publish" event of each message
     (outcome "ok" or, by its count, "duplicate"; the size of its embedded contents),
-    a "route" event for each copy placed in a pipe (``copies.pipes``, in order;
-    before message ``i`` there were ``copies.routes[i]`` of them; the size of each
-    copy is its message's in ``claimed``, which counts the staged contents it
-    ``linked`` too), and a "drop" event (outcome "full") for each copy a full pipe
-    skipped (``copies.skipped``: the message's index, the pipe and the copy's size).
+    a "route" event for each copy placed in a pipe (``copies.pipes``, in order; each
+    message had as many as its count, a duplicate none, less ``copies.extra``; the
+    size of each copy is its message's in ``claimed``, which counts the staged
+    contents it ``linked`` too), and a "drop" event (outcome "full") for each copy a
+    full pipe skipped (``copies.skipped``: the message, the pipe and the copy's size).
     Each column is a list only where the messages differ: the common publish costs a
     few C-level passes, not two tuples a message (nor one a skipped copy, which is
     when the gateway is busiest)."""
@@ -271,7 +277,7 @@ def emit_request(
     n = len(messages)
     if not n:
         return
-    pipes, routes, skipped = copies.pipes, copies.routes, copies.skipped
+    pipes, extra, skipped = copies.pipes, copies.extra, copies.skipped
     where: list[str | None] | str | None
     if name != DEFAULT_FEED and not any(map(_HEADERS, messages)):
         found = list(map(_ADDRESS, messages))  # in C: no Python step a message
@@ -284,8 +290,12 @@ def emit_request(
         if where.count(where[0]) == n:
             where = where[0]
     outcome: list[str] | str = OK
+    each: list[int] | None = None  # copies of each message; None: one each
     if Duplicate in map(type, counts):
         outcome = ["duplicate" if type(count) is Duplicate else OK for count in counts]
+        each = _less([0 if type(count) is Duplicate else count for count in counts], extra)
+    elif extra or counts.count(1) != n:
+        each = _less(list(counts), extra)  # (ints, no Duplicate among them: in C)
     sizes = list(map(_SIZE, claimed))
     route_sizes: list[int] | None = None
     if linked:
@@ -297,7 +307,10 @@ def emit_request(
             shown = digest(first.key)
         else:
             shown = [digest(pipe.key) for pipe in pipes]
-    drops = [(index, digest(pipe.key), size) for index, pipe, size in skipped] or None
+    drops: list[tuple[int, str, int]] | None = None
+    if skipped:  # the message's place in the request, by identity: in C
+        at = dict(zip(map(id, reversed(messages)), range(n - 1, -1, -1), strict=True))
+        drops = [(at[id(spec)], digest(pipe.key), size) for spec, pipe, size in skipped]
     rows = n + len(pipes) + len(skipped)
     sink(
         (
@@ -314,12 +327,27 @@ def emit_request(
             sizes,
             outcome,
             shown,
-            None if len(pipes) == n and routes == list(range(n)) else routes,
+            each,
             route_sizes,
             drops,
         ),
         rows,
     )
+
+
+def _less(each: list[int], extra: list[tuple[int, int]]) -> list[int]:
+    """Each message's count (a duplicate's 0) made its number of copies: less the
+    joins counted without a copy (:attr:`Copies.extra`)."""
+    if not extra:
+        return each
+    less = dict(extra)
+    placed = 0
+    for index, count in enumerate(each):
+        if count:  # a message with a copy: its first is the next one placed
+            copies = count - less.get(placed, 0)
+            each[index] = copies
+            placed += copies
+    return each
 
 
 _HEADERS = operator.attrgetter("headers")

@@ -5,6 +5,8 @@ store commits (a base of :class:`feeds.core.Core`; theory of operation in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from restms.specs import MessageSpec
 
 from .config import OVERHEAD, Counters, EngineConfig
@@ -24,8 +26,7 @@ class Placement:
     epoch: int
     mirror: Sink | None
     _copies: Copies | None
-    _alone: bool
-    _held: Pipe | None
+    _collect: Callable[[Pipe], None] | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -49,15 +50,12 @@ class Placement:
             if ttl is not None:
                 message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
-        # The mirror's record of the copy. A publish of one message (_alone, only with the
-        # mirror on, never with _copies) is the commonest: asked first.
-        if self._alone:  # a publish of one message: mirrored with it, as one record
-            self._held = pipe
+        # The mirror's record of the copy: while a publish routes with the mirror on
+        # (the commonest), its collector takes the pipe, for the publish's one record.
+        if self._collect:
+            self._collect(pipe)
         elif self.mirror is not None:
-            if self._copies is not None:  # a publish of several messages: in its record
-                self._copies.pipes.append(pipe)
-            else:
-                emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
+            emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)
 
     def _place(self, pipe: Pipe, message: Message, now: float) -> None:

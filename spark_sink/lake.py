@@ -185,7 +185,7 @@ class RequestRows:
         placed in a pipe), then its drop rows (one a copy a full pipe skipped),
         exactly as the events would have been."""
         ts, _, rows, domain, feed, feed_type, principal, n, where, ids, sizes = request[:11]
-        outcome, pipes, routes, route_sizes, drops = request[11:]
+        outcome, pipes, each, route_sizes, drops = request[11:]
         copies = rows - n - (len(drops) if drops else 0)
         self.owner += _run(len(self.requests), rows)
         self.requests.append((ts, domain, feed, feed_type))
@@ -211,13 +211,12 @@ class RequestRows:
         self.message_id += message_ids
         self.size += sizes
         copied = route_sizes if route_sizes is not None else sizes
-        if routes is None:  # one copy of each message, in order
+        if each is None:  # one copy of each message, in order
             self.address += addresses
             self.message_id += message_ids
             self.size += copied
-        else:
-            ends = [*routes[1:], copies]
-            which = [m for m in range(n) for _ in range(ends[m] - routes[m])]
+        else:  # each message's copies, in order
+            which = [m for m, count in enumerate(each) for _ in range(count)]
             self.address += [addresses[m] for m in which]
             self.message_id += [message_ids[m] for m in which]
             self.size += [copied[m] for m in which]

@@ -117,7 +117,7 @@ Request = tuple[
     list[int],  # size of each message (its embedded contents)
     list[str] | str,  # outcome of each publish row ("ok" or "duplicate")
     list[str] | str | None,  # pipe of each route row (a digest)
-    list[int] | None,  # routes so far after each message; None: one route a message
+    list[int] | None,  # route rows (copies) of each message; None: one each
     list[int] | None,  # size of each message's routed copies; None: as ``size``
     list[tuple[int, str, int]] | None,  # drop rows: (message, pipe, size) a full pipe skipped
 ]

@@ -410,6 +410,31 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
         (tiny, [MessageSpec(address="t.1", contents=text), MessageSpec(address="t.2")]),
         (tiny, [MessageSpec(address="t.3", contents=text), MessageSpec(address="t.4")]),
     ]
+    # One message object twice in a request (its skipped copies: its first place), and
+    # messages two joins of one pipe match (one copy, a count of two) after messages
+    # in no pipe, among others: each message's copies are its count, less those joins.
+    again_and_again = MessageSpec(address="t.5", contents=text)
+    cases.append((tiny, [again_and_again, MessageSpec(address="t.6"), again_and_again]))
+    mixed, _ = e.create_feed(domain, FeedSpec(name="mixed", type="topic"), OWNER)
+    third = e.create_pipe(domain, PipeSpec(), OWNER)
+    for pipe, address in ((third, "eu.*"), (third, "*.1"), (first, "*.1")):
+        e.create_join(pipe, JoinSpec(feed_path="/restms/feed/mixed", address=address))
+    twice = MessageSpec(address="eu.1", contents=text)
+    cases.append(
+        (
+            mixed,
+            [
+                MessageSpec(address="eu.2", contents=text),
+                MessageSpec(address="no.where"),
+                twice,
+                MessageSpec(address="no.2"),
+                MessageSpec(address="us.1"),
+                twice,
+                MessageSpec(address="eu.5", props=(("message_id", "m5"),)),
+                MessageSpec(address="eu.5", props=(("message_id", "m5"),)),
+            ],
+        )
+    )
     for feed, messages in cases:
         items, expected = _published(e, feed, messages)
         assert _expanded(items) == _rows(record_batch(expected))
