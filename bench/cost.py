@@ -14,6 +14,15 @@ at a time, each request written in one piece as wrk writes it. Two counts per re
 Unlike req/s, neither count depends much on what else the machine runs. Benchmark 1's
 ratio is the target; this one says where a request's work goes and whether a change
 removed some. Its ratios are of gateway to bare (lower is better).
+
+What the traffic mirror costs the event loop in a batched publish (benchmark 13's
+second case) is counted the same way, outside the suite:
+
+    .venv/bin/python -m bench.cost --mirror-batch [MESSAGES] [REQUESTS]
+
+counts the main thread's Python steps per publish of MESSAGES (100) messages, over
+REQUESTS (200) publishes, on a gateway with the mirror on and on one with it off, and
+prints both and the functions whose counts differ.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -59,9 +69,11 @@ def _target(server: Server) -> str:
     return "/" + feed.split("/", 3)[3]
 
 
-def _publisher(server: Server, path: str) -> tuple[Callable[[], None], socket.socket]:
+def _publisher(
+    server: Server, path: str, messages: int = 1
+) -> tuple[Callable[[], None], socket.socket]:
     """One publish, sent in one write, its whole 200 reply read: a function for it."""
-    body = xml_messages(1)
+    body = xml_messages(messages)
     head = (
         f"POST {path} HTTP/1.1\r\nHost: {HOST}:{server.port}\r\n"
         f"Content-Type: {XML}\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -94,13 +106,20 @@ def _publisher(server: Server, path: str) -> tuple[Callable[[], None], socket.so
     return publish, sock
 
 
-def _steps(kind: str, env: dict[str, str] | None, requests: int) -> dict[str, Any]:
-    """Python steps per request of one server, by package and by function."""
+def _steps(
+    kind: str,
+    env: dict[str, str] | None,
+    requests: int,
+    messages: int = 1,
+    top: int | None = 25,
+) -> dict[str, Any]:
+    """Python steps per request of one server, by package and by function (the ``top``
+    functions; None: all)."""
     with tempfile.TemporaryDirectory(prefix="restms-bench-steps-") as tmp:
         out = Path(tmp) / "steps.json"
         server = start(kind, env, wrap=[str(BENCH / "stepcount.py"), str(out)])
         try:
-            publish, sock = _publisher(server, _target(server))
+            publish, sock = _publisher(server, _target(server), messages)
             with sock:
                 for _ in range(WARM_UP):
                     publish()
@@ -129,7 +148,7 @@ def _steps(kind: str, env: dict[str, str] | None, requests: int) -> dict[str, An
         "requests": requests,
         "per_request": total / requests,
         "packages": {k: v / requests for k, v in packages.most_common()},
-        "functions": {k: v / requests for k, v in functions.most_common(25)},
+        "functions": {k: v / requests for k, v in functions.most_common(top)},
     }
 
 
@@ -213,3 +232,47 @@ def describe(results: dict[str, Any]) -> list[str]:
         top = list(gateway["functions"].items())[:12]
         lines.append("gateway, top functions: " + "; ".join(f"{k} {v:,.0f}" for k, v in top))
     return lines
+
+
+def mirror_batch(env: dict[str, str], messages: int, requests: int) -> dict[str, Any]:
+    """Python steps per batched publish with the traffic mirror on and off (the switch
+    and settings of benchmark 13), and the functions whose steps differ, on minus off."""
+    from bench.mirror import switched
+
+    found = {
+        kind: _steps("gateway", switched(env, kind == "on"), requests, messages, top=None)
+        for kind in ("on", "off")
+    }
+    on, off = found["on"]["functions"], found["off"]["functions"]
+    differ = {name: on.get(name, 0.0) - off.get(name, 0.0) for name in {*on, *off}}
+    return {
+        "messages": messages,
+        "requests": requests,
+        "on": found["on"]["per_request"],
+        "off": found["off"]["per_request"],
+        "functions": dict(
+            sorted(
+                ((k, v) for k, v in differ.items() if abs(v) >= 0.5),
+                key=lambda item: -abs(item[1]),
+            )
+        ),
+    }
+
+
+def _main(argv: list[str]) -> None:
+    if not argv or argv[0] != "--mirror-batch":
+        raise SystemExit("usage: python -m bench.cost --mirror-batch [MESSAGES] [REQUESTS]")
+    from bench.run_all import GATEWAY_ENV
+
+    messages = int(argv[1]) if len(argv) > 1 else 100
+    requests = int(argv[2]) if len(argv) > 2 else 200
+    found = mirror_batch(GATEWAY_ENV, messages, requests)
+    on, off = found["on"], found["off"]
+    print(f"Python steps a publish of {messages} messages, over {requests} publishes:")
+    print(f"  mirror on {on:,.1f}, off {off:,.1f}: {(on - off) / messages:.2f} a message")
+    for name, steps in found["functions"].items():
+        print(f"  {steps:+10,.1f}  {name}")
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1:])

@@ -26,7 +26,7 @@ CASES = ("single", "batch_xml")
 ADMIN = "restms:read restms:publish restms:subscribe restms:admin"
 
 
-def _env(base: dict[str, str], mirror: bool) -> dict[str, str]:
+def switched(base: dict[str, str], mirror: bool) -> dict[str, str]:
     """The same settings but the switch; no rate limit (wrk is one principal)."""
     switch = {"RESTMS_MIRROR": "1" if mirror else "0", "RESTMS_RATE_LIMIT": "0"}
     return {**base, **switch, "RESTMS_GUEST_SCOPES": ADMIN}
@@ -56,8 +56,8 @@ def _schedule(rounds: int) -> list[tuple[int, str, str]]:
 def run(base_env: dict[str, str], rounds: int, duration: float) -> dict[str, Any]:
     throughput.ensure_wrk()
     servers = {
-        "on": start("gateway", _env(base_env, True)),
-        "off": start("gateway", _env(base_env, False)),
+        "on": start("gateway", switched(base_env, True)),
+        "off": start("gateway", switched(base_env, False)),
     }
     out: dict[str, Any] = {case: {"on": [], "off": []} for case in CASES}
     try:
