@@ -114,12 +114,12 @@ class Core(Staging, Placement):
         # What the publish under way did with its copies, for its request record
         # (feeds.mirroring.Copies), while a publish of several messages is mirrored.
         self._copies: Copies | None = None
-        # While a publish routes with the mirror on: takes the pipe of each copy placed
-        # (Placement._deliver), to be mirrored with the publish as one record: the
-        # ``append`` of ``_copies.pipes``, or of a publish of one message's list for its
-        # one copy (Delivery._publish_alone, feeds.mirroring.emit_routed). None when
-        # each copy's route event is a tuple of its own.
-        self._collect: Callable[[Pipe], None] | None = None
+        # While a publish routes with the mirror on: the pipe of each copy placed
+        # (Placement._deliver), to be mirrored with the publish as one record:
+        # ``_copies.pipes``, or a publish of one message's list for its one copy
+        # (Delivery._publish_alone, feeds.mirroring.emit_routed). None when each copy's
+        # route event is a tuple of its own.
+        self._placed: list[Pipe] | None = None
         # The traffic mirror's sink (feeds.mirroring), or None: the mirror is off.
         self.mirror: Sink | None = None
         # The system feed's publisher (feeds.events), or None: management events are off.

@@ -97,7 +97,7 @@ class Delivery(Core):
         copies: Copies | None = None
         if self.mirror is not None and len(messages) > 1:
             copies = self._copies = Copies()
-            self._collect = copies.pipes.append
+            self._placed = copies.pipes
         try:
             for index, spec in enumerate(messages):
                 if repeats and index in repeats:
@@ -114,7 +114,7 @@ class Delivery(Core):
                     assert window is not None
                     window.add(message_id, count, mono)
         finally:
-            self._copies = self._collect = None
+            self._copies = self._placed = None
         counters = self.counters
         if repeats:
             counters.published += len(messages) - len(repeats)
@@ -139,6 +139,7 @@ class Delivery(Core):
                     claimed,
                     linked,
                     copies,
+                    bool(repeats),
                 )
         return counts
 
@@ -160,7 +161,7 @@ class Delivery(Core):
         parts, size = claimed
         durable = persistent(spec) if spec.props else False
         held: list[Pipe] = []  # the pipe of its copy, when it has one
-        self._collect = held.append
+        self._placed = held
         try:
             count = self._route(feed, spec, parts, now, durable, size)
         except BaseException:  # its copy was placed: the route event held, as it was
@@ -168,7 +169,7 @@ class Delivery(Core):
                 emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=held[0])
             raise
         finally:
-            self._collect = None
+            self._placed = None
         self.counters.published += 1
         published = embedded(spec) if linked else size  # staged parts: not here
         if held:  # its one copy's route event, then its publish event
@@ -344,7 +345,7 @@ class Delivery(Core):
             return 0
         copies = self._copies  # a publish of several messages, mirrored: in its record
         if copies is None:  # one message: the copies' events as tuples, in order
-            self._collect = None
+            self._placed = None
         else:
             placed = len(copies.pipes)
         count = 0
@@ -388,12 +389,12 @@ class Delivery(Core):
         publish collects its copies or holds its route event, the event's own copy is
         mirrored as itself, not as one of the publish's."""
         assert self.events is not None
-        copies, collect = self._copies, self._collect
-        self._copies = self._collect = None
+        copies, placed = self._copies, self._placed
+        self._copies = self._placed = None
         try:
             self.events.pipe_full(pipe, feed, size)
         finally:
-            self._copies, self._collect = copies, collect
+            self._copies, self._placed = copies, placed
 
     def _make_room(self, pipe: Pipe, size: int) -> bool:
         """Overflow policy "drop-oldest": drop the oldest messages (counted) until one of

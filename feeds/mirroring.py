@@ -262,36 +262,40 @@ def emit_request(
     claimed: Sequence[tuple[object, int]],
     linked: bool,
     copies: Copies,
+    repeated: bool,
 ) -> None:
     """An accepted publish as one request record: the "publish" event of each message
-    (outcome "ok" or, by its count, "duplicate"; the size of its embedded contents),
-    a "route" event for each copy placed in a pipe (``copies.pipes``, in order; each
-    message had as many as its count, a duplicate none, less ``copies.extra``; the
-    size of each copy is its message's in ``claimed``, which counts the staged
-    contents it ``linked`` too), and a "drop" event (outcome "full") for each copy a
-    full pipe skipped (``copies.skipped``: the message, the pipe and the copy's size).
-    Each column is a list only where the messages differ: the common publish costs a
-    few C-level passes, not two tuples a message (nor one a skipped copy, which is
-    when the gateway is busiest)."""
+    (outcome "ok" or, when some were ``repeated``, by its count "duplicate"; the size
+    of its embedded contents), a "route" event for each copy placed in a pipe
+    (``copies.pipes``, in order; each message had as many as its count, a duplicate
+    none, less ``copies.extra``; the size of each copy is its message's in
+    ``claimed``, which counts the staged contents it ``linked`` too), and a "drop"
+    event (outcome "full") for each copy a full pipe skipped (``copies.skipped``: the
+    message, the pipe and the copy's size). Each column is a list only where the
+    messages differ: the common publish costs a few passes over its messages, not two
+    tuples a message (nor one a skipped copy, which is when the gateway is busiest)."""
     name = feed.name
     n = len(messages)
     if not n:
         return
     pipes, extra, skipped = copies.pipes, copies.extra, copies.skipped
     where: list[str | None] | str | None
-    if name != DEFAULT_FEED and not any(map(_HEADERS, messages)):
-        found = list(map(_ADDRESS, messages))  # in C: no Python step a message
-        if found.count(found[0]) == n:
-            where = found[0] or None  # one address for all: sent once
-        else:
-            where = [value or None for value in found]
+    # A comprehension reads a slot for less than map(attrgetter) does (which looks the
+    # attribute up by name each time), although it counts Python steps and map none.
+    # Headers matter only to a message with an address (a dead letter's origin).
+    found = [spec.address for spec in messages]
+    alike = found.count(found[0]) == n  # one address for all: sent once
+    if name != DEFAULT_FEED and (
+        (alike and not found[0]) or not any([spec.headers for spec in messages])
+    ):
+        where = (found[0] or None) if alike else [value or None for value in found]
     else:
         where = [address(name, spec) for spec in messages]
         if where.count(where[0]) == n:
             where = where[0]
     outcome: list[str] | str = OK
     each: list[int] | None = None  # copies of each message; None: one each
-    if Duplicate in map(type, counts):
+    if repeated:
         outcome = ["duplicate" if type(count) is Duplicate else OK for count in counts]
         each = _less([0 if type(count) is Duplicate else count for count in counts], extra)
     elif extra or counts.count(1) != n:
@@ -350,6 +354,4 @@ def _less(each: list[int], extra: list[tuple[int, int]]) -> list[int]:
     return each
 
 
-_HEADERS = operator.attrgetter("headers")
-_ADDRESS = operator.attrgetter("address")
 _SIZE = operator.itemgetter(1)  # of a (parts, size) pair

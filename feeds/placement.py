@@ -5,8 +5,6 @@ store commits (a base of :class:`feeds.core.Core`; theory of operation in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from restms.specs import MessageSpec
 
 from .config import OVERHEAD, Counters, EngineConfig
@@ -26,7 +24,7 @@ class Placement:
     epoch: int
     mirror: Sink | None
     _copies: Copies | None
-    _collect: Callable[[Pipe], None] | None
+    _placed: list[Pipe] | None
     _moved: set[Pipe]
     _wall: Clock
     _mono: Clock
@@ -51,9 +49,10 @@ class Placement:
                 message.expires = self._mono() + int(ttl) / 1000
         self.counters.routed += 1
         # The mirror's record of the copy: while a publish routes with the mirror on
-        # (the commonest), its collector takes the pipe, for the publish's one record.
-        if self._collect:
-            self._collect(pipe)
+        # (the commonest), its pipe, for the publish's one record (a list's append, which
+        # the interpreter runs without a call).
+        if self._placed is not None:
+            self._placed.append(pipe)
         elif self.mirror is not None:
             emit_feed(self.mirror, "route", now, feed, spec, size, None, pipe=pipe)
         self._place(pipe, message, now)

@@ -371,6 +371,7 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
     staged = e.stage(orders, b"staged bytes", "text/plain", OWNER)
     again = e.stage(orders, b"more staged bytes", "text/plain", OWNER)
     text = (EmbeddedContent(value=b"hello", type="text/plain"),)
+    origin = (("x-original-feed", "default"),)
 
     def linked(content: StagedContent) -> LinkedContent:
         return LinkedContent(path=f"/restms/resource/{content.key}")
@@ -398,6 +399,9 @@ def test_a_request_record_expands_to_exactly_the_events_it_stands_for() -> None:
         (e.default_feed, [MessageSpec(address=second.key, contents=text)]),
         (orders, [MessageSpec(address="eu.9"), MessageSpec(address="eu.8")]),  # two pipes
         (orders, [MessageSpec(address="eu.1"), MessageSpec(address="eu.1")]),  # one address
+        # one address, from the default feed (a digest) or none, with an origin header
+        (orders, [MessageSpec(address="eu.7", headers=origin) for _ in range(2)]),
+        (orders, [MessageSpec(headers=origin, contents=text) for _ in range(2)]),
         (private, [MessageSpec(contents=text), MessageSpec(address="b")]),
         (e.default_feed, [MessageSpec(address=first.key), MessageSpec(address="nobody")]),
     ]
