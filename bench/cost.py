@@ -22,7 +22,10 @@ second case) is counted the same way, outside the suite:
 
 counts the main thread's Python steps per publish of MESSAGES (100) messages, over
 REQUESTS (200) publishes, on a gateway with the mirror on and on one with it off, and
-prints both and the functions whose counts differ.
+prints both and the functions whose counts differ; then the CPU instructions per
+publish of each thread of the gateway's process, under callgrind (bench/callgrind.py;
+valgrind installed if missing), which Python steps do not measure: a step may be a
+C call that does a dictionary lookup, and C-level passes take no step at all.
 """
 
 from __future__ import annotations
@@ -234,9 +237,43 @@ def describe(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+CALLGRIND_WARM_UP = 200  # requests before counting instructions (the server is slow)
+
+
+def _instructions(env: dict[str, str], requests: int, messages: int) -> dict[str, float]:
+    """CPU instructions per request of each thread of the gateway ("1" is the event
+    loop's), counted by callgrind over ``requests`` publishes after a warm-up."""
+    ensure_tool("valgrind", "valgrind")
+    control = ensure_tool("callgrind_control", "valgrind")
+    with tempfile.TemporaryDirectory(prefix="restms-bench-callgrind-") as tmp:
+        out = Path(tmp) / "gateway.out"
+        server = Server("gateway", env, None, [str(BENCH / "callgrind.py"), str(out)])
+        try:
+            server.wait_ready(600)
+            publish, sock = _publisher(server, _target(server), messages)
+            with sock:
+                for _ in range(CALLGRIND_WARM_UP):
+                    publish()
+                pid = str(server.pid)
+                subprocess.run([control, "-i", "on", pid], check=True, capture_output=True)
+                for _ in range(requests):
+                    publish()
+                subprocess.run([control, "-i", "off", pid], check=True, capture_output=True)
+                subprocess.run([control, "-d", pid], check=True, capture_output=True)
+        finally:
+            server.stop()
+        threads: dict[str, float] = {}
+        for dump in sorted(Path(tmp).glob("gateway.out.*-*")):
+            for line in dump.read_text().splitlines():
+                if line.startswith("totals:") and int(line.split()[1]):
+                    threads[str(int(dump.name.rsplit("-", 1)[1]))] = int(line.split()[1])
+    return {thread: count / requests for thread, count in threads.items()}
+
+
 def mirror_batch(env: dict[str, str], messages: int, requests: int) -> dict[str, Any]:
-    """Python steps per batched publish with the traffic mirror on and off (the switch
-    and settings of benchmark 13), and the functions whose steps differ, on minus off."""
+    """Python steps and CPU instructions per batched publish with the traffic mirror on
+    and off (the switch and settings of benchmark 13), and the functions whose steps
+    differ, on minus off."""
     from bench.mirror import switched
 
     found = {
@@ -256,6 +293,10 @@ def mirror_batch(env: dict[str, str], messages: int, requests: int) -> dict[str,
                 key=lambda item: -abs(item[1]),
             )
         ),
+        "instructions": {
+            kind: _instructions(switched(env, kind == "on"), requests, messages)
+            for kind in ("on", "off")
+        },
     }
 
 
@@ -272,6 +313,12 @@ def _main(argv: list[str]) -> None:
     print(f"  mirror on {on:,.1f}, off {off:,.1f}: {(on - off) / messages:.2f} a message")
     for name, steps in found["functions"].items():
         print(f"  {steps:+10,.1f}  {name}")
+    print("CPU instructions a publish, by thread (1: the event loop's):")
+    for kind, threads in found["instructions"].items():
+        shown = ", ".join(f"{thread} {count:,.0f}" for thread, count in threads.items())
+        print(f"  mirror {kind}: {shown}")
+    loop_on, loop_off = (found["instructions"][kind].get("1", 0.0) for kind in ("on", "off"))
+    print(f"  the event loop's, on minus off: {(loop_on - loop_off) / messages:,.0f} a message")
 
 
 if __name__ == "__main__":
