@@ -99,20 +99,24 @@ class Delivery(Core):
             copies = self._copies = Copies()
             self._placed = copies.pipes
         try:
-            for index, spec in enumerate(messages):
-                if repeats and index in repeats:
-                    assert window is not None
-                    assert ids is not None
-                    counts.append(Duplicate(window.get(ids[index] or "", mono) or 0))
-                    continue
-                parts, size = claimed[index]
-                durable = persistent(spec) if spec.props else False
-                count = route(feed, spec, parts, now, durable, size)
-                counts.append(count)
-                message_id = ids[index] if ids else None
-                if message_id:
-                    assert window is not None
-                    window.add(message_id, count, mono)
+            if not ids:  # no message_id to remember, so no repeat either (most batches)
+                counts = [
+                    route(feed, spec, parts, now, persistent(spec) if spec.props else False, size)
+                    for spec, (parts, size) in zip(messages, claimed, strict=True)
+                ]
+            else:
+                assert window is not None
+                for index, spec in enumerate(messages):
+                    if repeats and index in repeats:
+                        counts.append(Duplicate(window.get(ids[index] or "", mono) or 0))
+                        continue
+                    parts, size = claimed[index]
+                    durable = persistent(spec) if spec.props else False
+                    count = route(feed, spec, parts, now, durable, size)
+                    counts.append(count)
+                    message_id = ids[index]
+                    if message_id:
+                        window.add(message_id, count, mono)
         finally:
             self._copies = self._placed = None
         counters = self.counters

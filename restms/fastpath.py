@@ -259,13 +259,15 @@ def counts(values: list[int], fmt: Format) -> bytes:
         return _ONE_JSON if fmt is _JSON else _ONE_XML
     if fmt is _JSON:
         return orjson.dumps({ROOT: {"message": [_count_attrs(n) for n in values]}})
+    if Duplicate not in set(map(type, values)):  # most replies: formatted by C code alone
+        return b"".join([_XML_HEAD, *map(_XML_COUNT.__mod__, values), _XML_TAIL])
     return b"".join(
         [
             _XML_HEAD,
             *(
                 b'<message count="%d" duplicate="1"/>' % n
                 if isinstance(n, Duplicate)
-                else b'<message count="%d"/>' % n
+                else _XML_COUNT % n
                 for n in values
             ),
             _XML_TAIL,
@@ -279,5 +281,6 @@ def _count_attrs(n: int) -> dict[str, str]:
 
 _XML_HEAD = f"<?xml version='1.0' encoding='UTF-8'?>\n<{ROOT} xmlns=\"{NAMESPACE}\">".encode()
 _XML_TAIL = f"</{ROOT}>".encode()
+_XML_COUNT = b'<message count="%d"/>'
 _ONE_XML = _XML_HEAD + b'<message count="1"/>' + _XML_TAIL
 _ONE_JSON = orjson.dumps({ROOT: {"message": [{"count": "1"}]}})

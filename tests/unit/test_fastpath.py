@@ -159,7 +159,16 @@ def test_unusual_shapes_defer_to_the_generic_path(body: bytes) -> None:
 
 @pytest.mark.parametrize("fmt", list(Format))
 @pytest.mark.parametrize(
-    "values", [[0], [1], [specs.Duplicate(1)], [1, 2, 0], [2, specs.Duplicate(1)], list(range(50))]
+    "values",
+    [
+        [0],
+        [1],
+        [specs.Duplicate(1)],
+        [1, 2, 0],
+        [2, specs.Duplicate(1)],
+        [1, 1, specs.Duplicate(0)],  # one duplicate, last: the reply must still say so
+        list(range(50)),
+    ],
 )
 def test_F18_direct_count_reply_equals_the_generic_document(values: list[int], fmt: Format) -> None:
     from restms import Document, Element, encode

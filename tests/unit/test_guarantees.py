@@ -319,6 +319,20 @@ def test_a_repeat_within_one_request_is_a_duplicate_of_the_first() -> None:
     assert ids(pipe) == ["a"]
 
 
+def test_one_message_id_in_a_batch_takes_the_remembering_route() -> None:
+    # A batch without any message_id is routed without the window; one id among
+    # messages without takes the other route, which remembers it and answers repeats.
+    e = engine()
+    feed, pipe = new_feed(e, "f"), new_pipe(e)
+    join(e, pipe, feed)
+    assert e.publish(feed, [msg(body="1"), msg(body="2")]) == [1, 1]
+    counts = e.publish(feed, [msg(body="3"), msg("x"), msg(body="4"), msg("x")])
+    assert [isinstance(n, Duplicate) for n in counts] == [False, False, False, True]
+    assert isinstance(e.publish(feed, [msg(body="5"), msg("x")])[1], Duplicate)
+    held = [m.spec.prop("message_id") or m.spec.contents[0] for m in pipe.messages.values()]
+    assert held == [EmbeddedContent(value=v) if v != "x" else v for v in "123x45"]
+
+
 def test_the_window_ends_by_time_and_by_count() -> None:
     clock = Clock()
     e = engine(clock, dedup_window=60, dedup_max=2)
