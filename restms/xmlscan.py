@@ -147,6 +147,24 @@ def _tag(raw: str) -> Tag | None:
     return tag
 
 
+# The shared tags already read as the start tag of a <message> or of a <content> that is
+# not empty, by their text: the common message's tags found by one lookup each, without
+# testing the name and emptiness of each again. Never more than _SEEN holds.
+_MESSAGE_STARTS: dict[str, Tag] = {}
+_CONTENT_STARTS: dict[str, Tag] = {}
+
+
+def _start(raw: str, name: str, starts: dict[str, Tag]) -> Tag | None:
+    """The tag ``raw`` when it is a start tag of element ``name`` that is not empty,
+    remembered in ``starts`` when it is shared; else None."""
+    tag = _tag(raw)
+    if tag is None or tag.name != name or tag.empty:
+        return None
+    if tag.shared:
+        starts[raw] = tag
+    return tag
+
+
 def _plain(body: bytes, text: str) -> bool:
     if len(body) < _SEARCH_EACH:
         controls = body.translate(_CONTROLS_TO_SPACES) != body
@@ -223,8 +241,8 @@ def _whole(
     """A message :data:`_MESSAGE` (or :data:`_FIRST`) matched, and the position after
     it, when its tags are what they seem; else None (and the tag-by-tag reading decides)."""
     raw_head, raw_headers, raw_content = found.groups()
-    head = seen.get(raw_head) or _tag(raw_head)
-    if head is None or head.name != "message" or head.empty:
+    head = _MESSAGE_STARTS.get(raw_head) or _start(raw_head, "message", _MESSAGE_STARTS)
+    if head is None:
         return None, 0
     headers = []
     if raw_headers:
@@ -236,13 +254,15 @@ def _whole(
     end = found.end()
     if raw_content is None:
         return (head, headers, []), end
-    content = seen.get(raw_content) or _tag(raw_content)
+    content = _CONTENT_STARTS.get(raw_content) or _start(raw_content, "content", _CONTENT_STARTS)
     stop = text.find("<", end)
     tail = _MESSAGE_TAIL.match(text, stop) if stop >= 0 else None
-    if tail is None or content is None or content.name != "content" or content.empty:
+    if tail is None or content is None:
         return None, 0
     value = text[end:stop]
-    return (head, headers, [(content, _unescape(value) if value else None)]), tail.end()
+    # (_unescape's own first test, inline: most texts hold no reference, and no call)
+    unescaped = (_unescape(value) if "&" in value else value) if value else None
+    return (head, headers, [(content, unescaped)]), tail.end()
 
 
 def _message(text: str, pos: int) -> tuple[Scanned, int] | None:

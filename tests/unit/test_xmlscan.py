@@ -358,3 +358,23 @@ def test_repeated_attribute_lists_are_shared_not_rebuilt(monkeypatch: pytest.Mon
     first, second = scan(body) or []
     assert first[0].attrs == {"address": "k"}
     assert first[0] is second[0]
+
+
+def test_start_tags_remembered_for_the_common_message_are_only_open_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An empty <message/> or <content/> where the common message has its start tags is
+    # never remembered as one: read again (from the caches), it is still left to lxml.
+    for name in ("_SEEN", "_MESSAGE_STARTS", "_CONTENT_STARTS"):
+        monkeypatch.setattr(xmlscan, name, {})
+    empty_head = ROOT + b"<message/><content>x</content></message></restms>"
+    empty_content = ROOT + b"<message><content/>x</content></message></restms>"
+    good = ROOT + b'<message address="a"><content type="t">x &lt; y</content></message></restms>'
+    for _ in range(2):
+        assert scan(empty_head) is None
+        assert scan(empty_content) is None
+        assert _agrees(good)
+    assert set(xmlscan._MESSAGE_STARTS) == {"<message>", '<message address="a">'}
+    assert set(xmlscan._CONTENT_STARTS) == {'<content type="t">'}
+    assert "<message/>" in xmlscan._SEEN
+    assert "<content/>" in xmlscan._SEEN
