@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from feeds import Engine, EngineConfig
+from feeds.config import OVERHEAD
 from feeds.model import Feed, Pipe, Slot
 from restms.errors import BadRequest, PayloadTooLarge, ServiceUnavailable
 from restms.specs import (
@@ -414,3 +415,29 @@ def test_a_publish_that_was_not_accepted_is_forgotten_by_the_window() -> None:
     e.publish(feed, [msg("a")])
     e.forget(feed, [msg("a")])  # its commit failed: the client was told 503
     assert not isinstance(e.publish(feed, [msg("a")])[0], Duplicate)
+
+
+# ---------------------------------------------------------------- routing a batch
+def test_a_batch_to_a_direct_feed_is_routed_by_address_not_as_fanout() -> None:
+    e = engine()
+    feed, one, two = new_feed(e, "d", "direct"), new_pipe(e), new_pipe(e)
+    for pipe, address in ((one, "a"), (two, "b")):
+        e.create_join(pipe, JoinSpec(feed_path=f"/restms/feed/{feed.key}", address=address))
+    batch = [MessageSpec(address=address) for address in "abxa"]
+    assert e.publish(feed, batch) == [1, 1, 0, 1]
+    assert [m.spec.address for m in one.messages.values()] == ["a", "a"]
+    assert [m.spec.address for m in two.messages.values()] == ["b"]
+
+
+def test_placed_messages_count_their_bytes_and_expiry_in_the_pipe() -> None:
+    clock = Clock()
+    e = engine(clock)
+    feed, pipe = new_feed(e, "f"), new_pipe(e)
+    join(e, pipe, feed)
+    held = e.held
+    e.publish(feed, [msg(body="abc", expiration="1000"), msg(body="de"), msg(expiration="5")])
+    assert (pipe.bytes, pipe.expiring, len(pipe.messages)) == (5, 2, 3)
+    assert e.held == held + 5 + 3 * OVERHEAD
+    clock.now += 1
+    assert [m.size for m in e.listing(pipe)[0]] == [2]
+    assert pipe.expiring == 0
