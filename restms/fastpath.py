@@ -89,6 +89,9 @@ def _from_scan(
         return None
     out: list[MessageSpec] = []
     elements = 0
+    # checked_message refuses a message of more than 1 + max_headers + max_contents
+    # elements: when that many of each could not pass max_elements, no tally is needed.
+    tally = count * (1 + limits.max_headers + limits.max_contents) > codec.max_elements
     heads, known_headers, known_contents = _HEADS, _HEADERS, _CONTENTS
     for head_tag, header_tags, content_items in scanned:
         head = heads.get(head_tag)
@@ -113,7 +116,8 @@ def _from_scan(
                     content_head(attrs.get("href"), attrs.get("type"), attrs.get("encoding")),
                 )
             contents.append(found if isinstance(found, LinkedContent) else embedded(found, text))
-        elements += 1 + len(headers) + len(contents)
+        if tally:
+            elements += 1 + len(headers) + len(contents)
         out.append(checked_message(head, headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
 

@@ -238,3 +238,17 @@ def test_json_strings_that_may_hold_what_xml_cannot_carry_defer(value: str, refu
     assert fastpath.direct(body, Format.JSON, CODEC, LIMITS) is None
     outcome = _outcome(lambda: fastpath.messages(body, Format.JSON, CODEC, LIMITS))
     assert (outcome[0] == "BadRequest") is refused
+
+
+@pytest.mark.parametrize("max_elements", [6, 7, 20, 21])
+def test_a_batch_that_may_pass_the_element_limit_is_tallied(max_elements: int) -> None:
+    # Three messages of three elements: up to 3 * (1 + 3 + 3) = 21 allowed by LIMITS,
+    # so under 21 the elements are counted (9), and over 9 the batch is read directly.
+    one = b'<message><header name="h"/><content>x</content></message>'
+    body = b"<restms>" + one * 3 + b"</restms>"
+    codec = CodecLimits(max_depth=4, max_elements=max_elements)
+    found = fastpath.direct(body, Format.XML, codec, LIMITS)
+    if max_elements < 9:
+        assert found is None  # the generic path words the error
+    else:
+        assert found == specs.messages(decode(body, Format.XML, codec), LIMITS)
