@@ -89,9 +89,7 @@ def _from_scan(
         return None
     out: list[MessageSpec] = []
     elements = 0
-    # checked_message refuses a message of more than 1 + max_headers + max_contents
-    # elements: when that many of each could not pass max_elements, no tally is needed.
-    tally = count * (1 + limits.max_headers + limits.max_contents) > codec.max_elements
+    tally = _may_pass(count, codec, limits)
     heads, known_headers, known_contents = _HEADS, _HEADERS, _CONTENTS
     for head_tag, header_tags, content_items in scanned:
         head = heads.get(head_tag)
@@ -120,6 +118,13 @@ def _from_scan(
             elements += 1 + len(headers) + len(contents)
         out.append(checked_message(head, headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
+
+
+def _may_pass(count: int, codec: CodecLimits, limits: MessageLimits) -> bool:
+    """Whether ``count`` messages could pass ``max_elements``: checked_message refuses a
+    message of more than 1 + max_headers + max_contents elements, so when that many of
+    each could not, the elements need no tally (most batches)."""
+    return count * (1 + limits.max_headers + limits.max_contents) > codec.max_elements
 
 
 def _remember(memo: dict[Tag, _T], tag: Tag, value: _T) -> _T:
@@ -219,6 +224,7 @@ def _from_json(
         return None
     out: list[MessageSpec] = []
     elements = 0
+    tally = _may_pass(len(items), codec, limits)
     for item in items:
         if type(item) is not dict:
             return None
@@ -248,7 +254,8 @@ def _from_json(
                     _JSON_CONTENTS[key] = found
             text = fields.get("value", fields.get("#text"))
             contents.append(found if isinstance(found, LinkedContent) else embedded(found, text))
-        elements += 1 + len(headers) + len(contents)
+        if tally:
+            elements += 1 + len(headers) + len(contents)
         out.append(checked_message(_json_head(attrs), headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
 

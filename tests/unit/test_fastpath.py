@@ -240,15 +240,19 @@ def test_json_strings_that_may_hold_what_xml_cannot_carry_defer(value: str, refu
     assert (outcome[0] == "BadRequest") is refused
 
 
+@pytest.mark.parametrize("fmt", list(Format))
 @pytest.mark.parametrize("max_elements", [6, 7, 20, 21])
-def test_a_batch_that_may_pass_the_element_limit_is_tallied(max_elements: int) -> None:
+def test_a_batch_that_may_pass_the_element_limit_is_tallied(max_elements: int, fmt: Format) -> None:
     # Three messages of three elements: up to 3 * (1 + 3 + 3) = 21 allowed by LIMITS,
     # so under 21 the elements are counted (9), and over 9 the batch is read directly.
     one = b'<message><header name="h"/><content>x</content></message>'
     body = b"<restms>" + one * 3 + b"</restms>"
+    if fmt is Format.JSON:
+        item = {"header": [{"name": "h"}], "content": [{"value": "x"}]}
+        body = json.dumps({"restms": {"message": [item] * 3}}).encode()
     codec = CodecLimits(max_depth=4, max_elements=max_elements)
-    found = fastpath.direct(body, Format.XML, codec, LIMITS)
+    found = fastpath.direct(body, fmt, codec, LIMITS)
     if max_elements < 9:
         assert found is None  # the generic path words the error
     else:
-        assert found == specs.messages(decode(body, Format.XML, codec), LIMITS)
+        assert found == specs.messages(decode(body, fmt, codec), LIMITS)
