@@ -21,6 +21,10 @@ import asyncio
 import heapq
 import itertools
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .model import Watchable
 
 # Below this many dead entries, the heap is never rebuilt (a rebuild costs a pass).
 REBUILD_AFTER = 64
@@ -56,6 +60,20 @@ class Deadlines:
         heapq.heappush(self._heap, (when, next(self._order), future))
         if when < self._due:
             self._arm(loop, when)
+
+    def watch(self, watched: Watchable, timeout: float) -> asyncio.Future[bool]:
+        """A future the next touch of ``watched`` resolves with True, or ``timeout``
+        seconds from now with False: :meth:`Watchable.changed` without its coroutine or
+        its timer, for a waiter that awaits the future in its own frame. The waiter calls
+        :meth:`unwatch` once done, however the wait ended (cancelled too)."""
+        future = watched.watch()
+        self.add(future, timeout)
+        return future
+
+    def unwatch(self, watched: Watchable, future: asyncio.Future[bool]) -> None:
+        """The wait :meth:`watch` began is over: ``watched`` and the heap forget it."""
+        watched.unwatch(future)
+        self.ended(future)
 
     def ended(self, future: asyncio.Future[bool]) -> None:
         """The wait on ``future`` is over. If not by its deadline, its entry is now dead."""

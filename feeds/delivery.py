@@ -482,16 +482,14 @@ class Delivery(Core):
                 return None
             # pipe.changed, inline and with a shared timer: for each waiting asynclet a
             # coroutine frame and a loop timer less (feeds/deadlines.py).
-            future = pipe.watch()
-            self.deadlines.add(future, remaining)
+            future = self.deadlines.watch(pipe, remaining)
             if ondemand:
                 pipe.demand += 1
             try:
                 if not await future:
                     return None
             finally:
-                pipe.unwatch(future)
-                self.deadlines.ended(future)
+                self.deadlines.unwatch(pipe, future)
                 if ondemand:
                     pipe.demand -= 1
 

@@ -271,13 +271,11 @@ async def evented(request: web.Request, key: str, resource: Watchable, fmt: Form
             remaining = deadline - time.monotonic()
             woken = False
             if remaining > 0:
-                future = resource.watch()
-                engine.deadlines.add(future, remaining)
+                future = engine.deadlines.watch(resource, remaining)
                 try:
                     woken = await future
                 finally:
-                    resource.unwatch(future)
-                    engine.deadlines.ended(future)
+                    engine.deadlines.unwatch(resource, future)
             if not woken:
                 check_credentials(request)
                 raise wait_expired(request, "evented GET")

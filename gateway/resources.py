@@ -293,7 +293,7 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
         return await streams.multipart(request, pipe)
     else:
         fmt = http.reply_format(request)  # 406 before waiting, not after
-        message = await _fetch(request, slot, 0.0)  # there already: no wait, no slot
+        message = await _present(request, slot)  # no wait, no slot
         if message is None:
             # A2, A9: the asynclet waits (a slot of the principal's), at most until its
             # token expires. The wait is in this frame, not a helper coroutine's: each
@@ -328,12 +328,14 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     )
 
 
-async def _fetch(request: web.Request, slot: Slot, wait: float) -> Message | None:
+async def _present(request: web.Request, slot: Slot) -> Message | None:
+    """The slot's message if it is there already (read back from disk if it went
+    there), without waiting; get_message's asynclet waits in its own frame."""
     engine = request[STATE].engine
     while True:
         try:
-            return await engine.wait_message(slot, wait)
-        except OnDisk:  # it arrived while we waited, and went to disk
+            return await engine.wait_message(slot, 0.0)
+        except OnDisk:  # it went to disk
             await spill.ensure(request.app, slot.pipe, slot.seq)
 
 

@@ -104,6 +104,22 @@ async def test_watch_wakes_with_true_and_unwatch_forgets() -> None:
     assert resource.waiting == 0
 
 
+async def test_a_deadline_watch_ends_by_touch_or_by_deadline_and_unwatch_clears_it() -> None:
+    deadlines, resource = Deadlines(), Watchable(0.0)
+    touched = deadlines.watch(resource, 5.0)
+    assert (resource.waiting, len(deadlines)) == (1, 1)
+    resource.touch(1.0)
+    assert await touched is True
+    deadlines.unwatch(resource, touched)
+    assert resource.waiting == 0  # its heap entry is dead until its deadline comes up
+    expired = deadlines.watch(resource, 0.02)
+    async with asyncio.timeout(2):
+        assert await expired is False
+    deadlines.unwatch(resource, expired)
+    assert resource.waiting == 0
+    resource.touch(2.0)  # nobody waits: nothing to wake, nothing raised
+
+
 async def test_changed_leaves_no_waiter_behind_however_it_ends() -> None:
     resource = Watchable(0.0)
     assert await resource.changed(0.01) is False  # timed out
