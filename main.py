@@ -1,20 +1,27 @@
 """Command line.
 
 ``python main.py serve [--host H] [--port P] [--data-dir D] [--config F]`` runs the gateway;
-``client add|list|remove`` manages the built-in OAuth server's clients;
+``client add|list|remove|revoke`` manages the built-in OAuth server's clients;
 ``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry;
 ``analytics QUERY [--since S] [--until U] [--feed F] [--bucket B] [--limit N] [--json]``
 runs one analytics query with Spark in this process over the configured lake and
 prints a table (docs/ANALYTICS.md). ``feeds``, ``pipes``, ``joins``, ``bridges``,
-``clients`` and ``stats`` drive a running gateway over HTTP (:mod:`gateway.cli`,
+``clients`` and ``stats`` drive a running gateway over HTTP (:mod:`admincli.commands`,
 docs/ADMIN.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from auth.clients import ClientStore
+    from feeds.service import EngineService
+    from gateway.server.config import Config
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,9 +46,13 @@ def _parser() -> argparse.ArgumentParser:
     add.add_argument("--scopes", required=True, help='space-separated, e.g. "restms:read"')
     client_verbs.add_parser("list", help="list client ids and their scopes")
     remove = client_verbs.add_parser(
-        "remove", help="remove a client (its tokens live on: see clients revoke)"
+        "remove", help="remove a client (its tokens live on: see client revoke)"
     )
     remove.add_argument("name")
+    revoke = client_verbs.add_parser(
+        "revoke", help="remove a client and refuse the tokens it holds (a running gateway too)"
+    )
+    revoke.add_argument("name")
     for action in client_verbs.choices.values():
         action.add_argument("--data-dir", help="data directory (default ./var)")
         action.add_argument("--config", help="TOML configuration file")
@@ -65,9 +76,9 @@ def _parser() -> argparse.ArgumentParser:
     analytics.add_argument("--lake", help="the lake (default: mirror_lake from the config)")
     analytics.add_argument("--data-dir", help="data directory (default ./var)")
     analytics.add_argument("--config", help="TOML configuration file")
-    from gateway import cli
+    from admincli import commands
 
-    cli.add_parsers(verbs)  # feeds, pipes, joins, bridges, clients, stats (docs/ADMIN.md)
+    commands.add_parsers(verbs)  # feeds, pipes, joins, bridges, clients, stats (docs/ADMIN.md)
     return parser
 
 
@@ -75,7 +86,7 @@ def _analytics(args: argparse.Namespace) -> int:
     """``analytics QUERY``: Spark in this process (``analytics_master``) over the lake."""
     import json
 
-    from gateway.config import ConfigError, load
+    from gateway.server.config import ConfigError, load
     from spark_sink import params, queries, session
 
     try:
@@ -123,7 +134,7 @@ def _client(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from auth.clients import CLIENTS_FILE, ClientStore, parse_scopes
-    from gateway.config import ConfigError, load
+    from gateway.server.config import ConfigError, load
 
     try:
         config = load(args.config, overrides={"data_dir": args.data_dir})
@@ -142,8 +153,10 @@ def _client(args: argparse.Namespace) -> int:
                 raise ValueError(f"no client {args.name!r} in {store.path}") from None
             print(
                 f"removed client {args.name}; tokens it holds stay valid until they expire"
-                " (main.py clients revoke on a running gateway also refuses them)"
+                " (main.py client revoke also refuses them)"
             )
+        elif args.action == "revoke":
+            _revoke(config, store, args.name)
         else:
             clients = store.clients()
             for client in clients:
@@ -156,6 +169,27 @@ def _client(args: argparse.Namespace) -> int:
     return 0
 
 
+def _revoke(config: Config, store: ClientStore, name: str) -> None:
+    """``client revoke``: record the revocation (a running gateway on this data
+    directory reads it within a second and ends what the client's tokens hold open),
+    then remove the client, then record it again, as ``DELETE /admin/clients/{id}``
+    does. A client removed before can still be revoked: its tokens are refused."""
+    from pathlib import Path
+
+    from auth.revocations import REVOKED_FILE, Revocations
+
+    if any(c.client_id == name for c in config.clients):
+        raise ValueError(f"client {name!r} is in the configuration file: remove it there")
+    revocations = Revocations(
+        Path(config.data_dir) / REVOKED_FILE, config.token_ttl + config.token_leeway
+    )
+    revocations.revoke(name)
+    with contextlib.suppress(KeyError):
+        store.remove(name)
+    revocations.revoke(name)
+    print(f"revoked client {name}: removed, and its tokens are refused")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.verb == "client":
@@ -164,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
         return _user_hash()
     if args.verb == "analytics":
         return _analytics(args)
-    from gateway import cli
+    from admincli import commands
 
-    if args.verb in cli.VERBS:
-        return cli.run(args)
-    from gateway.config import ConfigError, load  # aiohttp and more: not for the CLI verbs
+    if args.verb in commands.VERBS:
+        return commands.run(args)
+    from gateway.server.config import ConfigError, load  # aiohttp and more: not for the CLI verbs
+    from gateway.server.datadir import prepare
 
     overrides = {
         "host": args.host,
@@ -179,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         config = load(args.config, overrides=overrides)
+        prepare(config.data_dir)  # private modes and checks, before anything is written
     except ConfigError as exc:
         print(f"main.py: {exc}", file=sys.stderr)
         return 2
@@ -187,10 +223,29 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from gateway.server import run
+    from gateway.server.datalock import DataDirError
+    from gateway.server.run import run
 
-    run(config)
+    try:
+        run(config, open_engine)
+    except DataDirError as exc:  # held by another gateway, or not writable
+        print(f"main.py: {exc}", file=sys.stderr)
+        return 1
     return 0
+
+
+def open_engine(config: Config) -> EngineService:
+    """The engine the gateway runs on: the composition root's one choice. The embedded
+    engine (memory, and SQLite in the data directory) is the only one so far."""
+    from feeds.embedded import EmbeddedEngine
+
+    return EmbeddedEngine.open(
+        config.engine_config(),
+        config.data_dir if config.store == "sqlite" else None,
+        synchronous=config.store_sync.upper(),
+        journal_interval=config.journal_interval,
+        sweep_interval=config.sweep_interval,
+    )
 
 
 if __name__ == "__main__":

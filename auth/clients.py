@@ -254,16 +254,10 @@ class ClientStore:
     def _edit(self) -> Iterator[dict[str, Client]]:
         """Read, let the caller change, write back atomically: under an exclusive lock
         on a lock file, so that two ``client add`` runs cannot lose each other's edit."""
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with file_lock(self.path):
             stored = self._read()
             yield stored
             self._write(stored)
-        finally:
-            os.close(fd)  # releases the lock
         with self._lock:
             self._version = None  # the next get reads what was written
 
@@ -286,6 +280,19 @@ def _client_from_json(item: Mapping[str, Any]) -> Client:
     if not isinstance(client_id, str) or not isinstance(secret_hash, str):
         raise ValueError("client_id and secret_hash must be strings")
     return Client(client_id=client_id, secret_hash=secret_hash, scopes=tuple(scopes))
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on ``path``'s lock file (``<name>.lock``, 0600, made in a 0700
+    directory if need be) for the block: writers in other processes wait for it."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def write_private(path: Path, data: bytes, *, replace: bool = True) -> bool:

@@ -20,7 +20,7 @@ type, and authlib ships no type information for a strictly typed layer. Its RFC 
 ``AuthorizationServerMetadata`` validates :meth:`Issuer.metadata` in the tests. JOSE is
 joserfc (authlib's own ``authlib.jose`` is deprecated in its favour).
 
-Errors, all mapped to an RFC 6749 section 5.2 JSON reply by ``gateway.oauth``::
+Errors, all mapped to an RFC 6749 section 5.2 JSON reply by ``gateway.auth.oauth``::
 
     OAuthError                   error code, description, HTTP status
      +-- InvalidRequest          400 invalid_request (malformed, repeated, mixed auth)
@@ -32,7 +32,6 @@ Errors, all mapped to an RFC 6749 section 5.2 JSON reply by ``gateway.oauth``::
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 import os
 import re
@@ -94,6 +93,19 @@ class InvalidScope(OAuthError):
     error = "invalid_scope"
 
 
+class TooManyChecks(OAuthError):
+    """Past a bound on secret checks (per client address or per account): 429 with
+    ``Retry-After``. RFC 6749 has no code of its own for it; ``temporarily_unavailable``
+    (its section 4.1.2.1) says to try again later, which is what the client should do."""
+
+    error = "temporarily_unavailable"
+    status = 429
+
+    def __init__(self, description: str, retry_after: int) -> None:
+        super().__init__(description)
+        self.retry_after = retry_after
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenRequest:
     """A well-formed client-credentials token request; the secret is not yet checked."""
@@ -153,7 +165,7 @@ def _basic_credentials(authorization: str) -> tuple[str, str]:
         raise InvalidClient(f"{scheme or 'that'} authentication is not supported here")
     try:
         decoded = base64.b64decode(credentials.strip(), validate=True).decode("utf-8")
-    except (binascii.Error, UnicodeDecodeError) as exc:
+    except ValueError as exc:  # bad base64, non-ASCII characters, bytes not UTF-8
         raise InvalidClient("malformed Basic credentials") from exc
     user, colon, password = decoded.partition(":")
     if not colon:

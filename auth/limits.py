@@ -19,18 +19,51 @@ of them is one extra burst per cycle through ``max_keys`` others.
 :class:`Slots` counts things held at once per key (waiting requests, open streams,
 connections from one address) and refuses one past the limit.
 
-Both are single-threaded: they belong to one event loop.
+:class:`SecretChecks` bounds the secrets checked with scrypt (a Basic password, a
+client secret at the token endpoint), in two ways at once:
+
+* **per client address** (:func:`address_key`: an IPv4 address as it is, an IPv6
+  address by its /64, the smallest network one subscriber is usually given, so that
+  rotating addresses within it gains nothing): a bucket of checks, each check paid
+  before it runs, so a guesser cannot keep the scrypt threads busy;
+* **per account** (a user or client id, whether it exists or not): a bucket of
+  failures, so that spreading guesses over many addresses gains nothing either. A
+  check takes one before it runs (checks in flight count, else a thousand guesses at
+  once would all pass) and gives it back if the secret was right.
+
+An attacker can keep both buckets empty for an account, or for an address it shares
+with the account's holder, for as long as it keeps guessing; what stops that locking
+the holder out is that the right secret is known when it comes again. A secret that
+checked right is remembered (an HMAC of the account and the secret under a key made
+at start, never the secret) for :data:`KNOWN_FOR` seconds, and a check presenting it
+skips the account's bound and pays into an address bucket of its own (keyed by the
+address and the account), which no guesser shares. Only someone who has the secret
+gets past a bound that way, and the holder is never slowed by a guesser once it has
+succeeded; its own checks are still bounded per address, so nobody makes the gateway
+hash without bound. An account whose holder has not succeeded since the process
+started waits as the guesser does: ``Retry-After`` at most ``1 / account_rate``
+seconds, one try each time the bucket refills.
+
+All three are single-threaded: they belong to one event loop.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
+import hmac
+import ipaddress
 import math
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
-__all__ = ["RateLimiter", "Slots"]
+__all__ = ["RateLimiter", "SecretChecks", "Slots", "address_key"]
+
+KNOWN_FOR = 7 * 24 * 3600.0  # seconds a secret that checked right skips the bounds
+KNOWN_KEPT = 10_000  # such secrets remembered at most (the least recently used go)
 
 
 class RateLimiter:
@@ -98,6 +131,12 @@ class RateLimiter:
             bucket[1] = now
         return 0.0
 
+    def give(self, key: str, cost: float = 1.0) -> None:
+        """Give back ``cost`` tokens :meth:`take` paid (never past ``burst``)."""
+        bucket = self._buckets.get(key)
+        if bucket is not None:  # a key without one has a full bucket
+            bucket[0] = min(bucket[0] + cost, self._burst)
+
     def _forget(self, now: float) -> None:
         """Drop the oldest buckets while they are full; the oldest one if still too many."""
         buckets, rate, burst = self._buckets, self._rate, self._burst
@@ -164,3 +203,99 @@ class Slots:
         finally:
             if held:
                 self.release(key)
+
+
+@functools.lru_cache(maxsize=4096)
+def address_key(peer: str | None) -> str:
+    """The key a client address is limited by: an IPv4 address (also one mapped into
+    IPv6) as it is, an IPv6 address by its /64 network; anything else (a Unix socket
+    path, nothing) as it is."""
+    if not peer:
+        return ""
+    try:
+        address = ipaddress.ip_address(peer.strip("[]"))
+    except ValueError:
+        return peer
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+class SecretChecks:
+    """Secret checks per client address and per account, and the secrets known right
+    (see the module docstring). Single-threaded, like the buckets it holds.
+
+    Use: :meth:`admit` before a check (a refusal is the seconds to wait and why), then
+    :meth:`passed` after a check that succeeded. ``account_rate == 0`` turns the
+    per-account bound off.
+    """
+
+    __slots__ = ("_clock", "_key", "_known", "accounts", "addresses")
+
+    def __init__(
+        self,
+        *,
+        address_rate: float,
+        address_burst: int,
+        account_rate: float,
+        account_burst: int,
+        max_keys: int = 100_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.addresses = RateLimiter(address_rate, address_burst, max_keys=max_keys, clock=clock)
+        self.accounts = RateLimiter(account_rate, account_burst, max_keys=max_keys, clock=clock)
+        self._clock = clock
+        self._key = secrets.token_bytes(32)
+        self._known: OrderedDict[bytes, float] = OrderedDict()  # HMAC -> until when
+
+    def _mac(self, account: str, secret: str) -> bytes:
+        data = account.encode("utf-8", "surrogatepass") + b"\0"
+        return hmac.new(
+            self._key, data + secret.encode("utf-8", "surrogatepass"), hashlib.sha256
+        ).digest()
+
+    def known(self, account: str, secret: str) -> bool:
+        """Whether this secret checked right for this account lately."""
+        if not self._known:
+            return False
+        mac = self._mac(account, secret)
+        until = self._known.get(mac)
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._known[mac]
+            return False
+        return True
+
+    def admit(self, peer: str | None, account: str, secret: str) -> tuple[float, str]:
+        """``(0.0, "")`` when the check may run; else the seconds until it may and the
+        reason. A secret known right skips the account's bound, and pays into an address
+        bucket of its own (the address's and the account's): still no more checks a
+        second than anyone, but none of them taken by a guesser at the same address."""
+        address = address_key(peer)
+        known = self.known(account, secret)
+        if known:
+            address = f"{address} {account}"  # no address key holds a space
+        wait = self.addresses.take(address)
+        if wait:
+            return wait, "too many secret checks from this address"
+        if not known:
+            wait = self.accounts.take(account)
+            if wait:
+                return wait, "too many failed secret checks for this account"
+        return 0.0, ""
+
+    def passed(self, account: str, secret: str) -> None:
+        """The check :meth:`admit` let run found the secret right: the account gets back
+        what it paid, and the secret is known right from now on."""
+        mac = self._mac(account, secret)
+        known = self._known
+        if mac in known:
+            known.move_to_end(mac)
+        else:
+            self.accounts.give(account)
+        known[mac] = self._clock() + KNOWN_FOR
+        while len(known) > KNOWN_KEPT:
+            known.popitem(last=False)

@@ -40,6 +40,9 @@ class Principal:
     grants: Grants = field(compare=False)
     expires: float | None = None  # epoch seconds when its credentials stop being valid
     via: str = "anonymous"  # "anonymous", "basic" or "bearer"
+    # The iat of the built-in issuer's token it came with, which a revocation of its
+    # client is checked against (auth.revocations); None for every other principal.
+    issued: float | None = None
 
 
 @functools.lru_cache(maxsize=4096)

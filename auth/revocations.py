@@ -12,24 +12,33 @@ atomically), read at start-up, so a restart does not bring revoked tokens back. 
 entry is useful only while a token issued before it could still be unexpired: entries
 older than ``keep`` seconds (the token lifetime plus the clock leeway) are dropped.
 
+The file has more than one writer: the running gateway (the admin API) and the
+offline ``main.py client revoke``. Each write happens under an exclusive lock on a
+lock file and merges what the file holds, so neither loses the other's entries, and
+the gateway notices a new version of the file (:meth:`Revocations.refresh`: a changed
+inode, size, mtime or ctime, as :class:`auth.clients.ClientStore` does) to learn of
+revocations it did not make.
+
 ``iat`` has a resolution of one second, and a token request may be under way while a
 client is revoked, so tokens issued up to :data:`MARGIN` seconds after the revocation
 are refused too: a client re-added under the same id gets working tokens after that.
 
 :meth:`Revocations.refuses` is a dict lookup (the hot path: every bearer request of
-the built-in issuer); :meth:`Revocations.load` and :meth:`Revocations.revoke` do
-blocking file I/O and must be called through ``asyncio.to_thread`` from an event loop.
+the built-in issuer); :meth:`Revocations.load`, :meth:`Revocations.refresh` and
+:meth:`Revocations.revoke` do blocking file I/O and must be called through
+``asyncio.to_thread`` from an event loop.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from .clients import check_client_id, write_private
+from .clients import check_client_id, file_lock, write_private
 
 REVOKED_FILE = Path("oauth", "revoked.json")  # relative to the data directory
 MARGIN = 1.0  # seconds after a revocation during which new tokens are still refused
@@ -48,6 +57,7 @@ class Revocations:
         # never sees one half-changed. Empty in the usual case: one truth test per token.
         self.at: dict[str, float] = {}
         self._lock = threading.Lock()  # revocations written from worker threads
+        self._version: tuple[int, ...] | None = None  # of the file, when last read
 
     def __len__(self) -> int:
         return len(self.at)
@@ -64,43 +74,90 @@ class Revocations:
 
     def load(self) -> None:
         """Read the file (blocking); a missing file is an empty list, a malformed one a
-        ValueError (starting without it would bring revoked tokens back)."""
-        if self.path is None:
-            return
-        try:
-            data = json.loads(self.path.read_bytes())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read the revocation list {self.path}: {exc}") from exc
-        if not isinstance(data, dict) or data.get("version") != 1:
-            raise ValueError(f"the revocation list {self.path} is malformed")
-        entries = data.get("revoked")
-        if not isinstance(entries, dict):
-            raise ValueError(f"the revocation list {self.path} is malformed")
-        at: dict[str, float] = {}
-        for client_id, when in entries.items():
-            if not isinstance(when, int | float) or isinstance(when, bool):
-                raise ValueError(f"the revocation list {self.path} is malformed")
-            at[check_client_id(client_id)] = float(when)
+        ValueError and an unreadable one an OSError (starting without it would bring
+        revoked tokens back)."""
+        self.refresh()
+
+    def refresh(self) -> list[str]:
+        """Read the file again if it is not the version read last (blocking), and return
+        the clients revoked since (new entries, or later times). A malformed file is a
+        ValueError (an unreadable one an OSError), and what was read before stays: a
+        damaged file never brings a revoked token back."""
+        path = self.path
+        if path is None:
+            return []
         with self._lock:
-            self.at = self._pruned(at)
+            version = self._stat(path)
+            if version == self._version:
+                return []
+            self._version = version  # a damaged version is reported once, not each time
+            before = self.at
+            at = self._pruned(_later(before, self._read(path)))
+            self.at = at
+        return [c for c, when in at.items() if when > before.get(c, -1.0)]
 
     def revoke(self, client_id: str) -> float:
         """Record that ``client_id`` is revoked now, on disk before this returns
-        (blocking); returns the time recorded."""
+        (blocking), with what other writers put in the file; returns the time recorded."""
         check_client_id(client_id)
+        path = self.path
         with self._lock:
-            now = self._clock()
-            at = self._pruned({**self.at, client_id: now})
-            if self.path is not None:
+            if path is None:
+                now = self._clock()
+                self.at = self._pruned({**self.at, client_id: now})
+                return now
+            with file_lock(path):
+                now = self._clock()
+                at = self._pruned({**_later(self.at, self._read(path)), client_id: now})
                 document = {"version": 1, "revoked": at}
-                self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                write_private(self.path, json.dumps(document, indent=2).encode() + b"\n")
+                write_private(path, json.dumps(document, indent=2).encode() + b"\n")
+                self._version = self._stat(path)
             self.at = at
         return now
+
+    def _stat(self, path: Path) -> tuple[int, ...] | None:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return None
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+    def _read(self, path: Path) -> dict[str, float]:
+        """The entries in the file (blocking): none if it is missing, ValueError if it
+        is malformed, OSError if it cannot be read."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"cannot read the revocation list {path}: {exc}") from exc
+        if not isinstance(data, dict) or data.get("version") != 1:
+            raise ValueError(f"the revocation list {path} is malformed")
+        entries = data.get("revoked")
+        if not isinstance(entries, dict):
+            raise ValueError(f"the revocation list {path} is malformed")
+        at: dict[str, float] = {}
+        for client_id, when in entries.items():
+            if not isinstance(when, int | float) or isinstance(when, bool):
+                raise ValueError(f"the revocation list {path} is malformed")
+            try:
+                at[check_client_id(client_id)] = float(when)
+            except ValueError as exc:
+                raise ValueError(f"the revocation list {path} is malformed") from exc
+        return at
 
     def _pruned(self, at: dict[str, float]) -> dict[str, float]:
         """Without entries every token issued before which has expired."""
         cutoff = self._clock() - self.keep - MARGIN
         return {client_id: when for client_id, when in at.items() if when > cutoff}
+
+
+def _later(ours: dict[str, float], theirs: dict[str, float]) -> dict[str, float]:
+    """Both lists in one: an entry in either is kept, and the later of two times holds
+    (an entry leaves only by :meth:`Revocations._pruned`)."""
+    merged = {**ours, **theirs}
+    for client_id, when in ours.items():
+        merged[client_id] = max(when, merged[client_id])
+    return merged

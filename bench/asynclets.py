@@ -34,7 +34,17 @@ import aiohttp
 import uvloop
 
 from bench import rest
-from bench.common import BENCH, PYTHON, log, median, open_fds, rss_mb, start, xml_messages
+from bench.common import (
+    BENCH,
+    PYTHON,
+    ROOT,
+    log,
+    median,
+    open_fds,
+    rss_mb,
+    start,
+    xml_messages,
+)
 
 # One principal (the loopback guest) makes 10,000 pipes and joins and holds 10,000
 # asynclets open from one address: the gateway's abuse limits, which a real deployment
@@ -132,8 +142,11 @@ def _stop_client(proc: subprocess.Popen[str]) -> None:
             proc.wait(5)
 
 
-def gateway_round(count: int, round_no: int) -> dict[str, Any]:
-    gateway = start("gateway", ABUSE_LIMITS)
+def gateway_round(
+    count: int, round_no: int, *, root: Path = ROOT, name: str | None = None
+) -> dict[str, Any]:
+    """One round on a fresh gateway of the checkout ``root`` (its log: ``name``)."""
+    gateway = start("gateway", ABUSE_LIMITS, root=root, name=name)
     proc = None
     try:
         made = uvloop.run(_make_pipes(gateway.base, f"wide{round_no}", count, 64))

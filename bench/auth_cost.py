@@ -210,8 +210,8 @@ async def middleware_cost(count: int = 20_000) -> dict[str, float]:
     from auth.clients import Client
     from auth.issuer import Issuer, SigningKey
     from auth.tokens import JwtVerifier, TrustedIssuer, Verifier
-    from gateway.authn import Authenticator
-    from gateway.config import load
+    from gateway.auth.authn import Authenticator
+    from gateway.server.config import load
 
     config = load(env={}, overrides={"rate_limit": 0, "token_ttl": TOKEN_TTL})
     key = SigningKey(ECKey.generate_key("P-256", private=True))

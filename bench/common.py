@@ -165,19 +165,25 @@ class Server:
         env: dict[str, str] | None = None,
         data_dir: str | None = None,
         wrap: list[str] | None = None,
+        *,
+        root: Path = ROOT,
+        name: str | None = None,
     ) -> None:
         """``data_dir``: use (and keep) this data directory instead of a fresh one;
-        ``wrap``: a script (and its arguments) that runs the server script for us."""
+        ``wrap``: a script (and its arguments) that runs the server script for us;
+        ``root``: the checkout whose gateway runs (another commit's worktree, say: it
+        runs on this checkout's virtualenv); ``name``: of the log file, when several
+        servers of one kind run at once (``kind`` by default)."""
         self.kind = kind
         self.port = 0
         RESULTS.mkdir(parents=True, exist_ok=True)
-        self.logfile = RESULTS / f"{kind}-server.log"
+        self.logfile = RESULTS / f"{name or kind}-server.log"
         self.keep = data_dir is not None
         self.data_dir = data_dir or tempfile.mkdtemp(prefix=f"restms-bench-{kind}-")
         if kind == "gateway":
             argv = [
                 PYTHON,
-                str(ROOT / "main.py"),
+                str(root / "main.py"),
                 "serve",
                 "--host",
                 HOST,
@@ -196,7 +202,7 @@ class Server:
         full_env.update(env or {})
         self._log = self.logfile.open("wb")
         self.proc = subprocess.Popen(
-            argv, cwd=ROOT, env=full_env, stdout=self._log, stderr=subprocess.STDOUT
+            argv, cwd=root, env=full_env, stdout=self._log, stderr=subprocess.STDOUT
         )
         _running.append(self)
 
@@ -250,8 +256,12 @@ def start(
     env: dict[str, str] | None = None,
     data_dir: str | None = None,
     wrap: list[str] | None = None,
+    *,
+    root: Path = ROOT,
+    name: str | None = None,
 ) -> Server:
-    server = Server(kind, env, data_dir, wrap)
+    """A started :class:`Server` that has reported its port (arguments as there)."""
+    server = Server(kind, env, data_dir, wrap, root=root, name=name)
     try:
         return server.wait_ready()
     except BaseException:

@@ -103,17 +103,23 @@ def _summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
+def gateway_run(gateway: Server, count: int, feed_name: str) -> dict[str, Any]:
+    """``count`` timed publish -> asynclet deliveries through a fresh fanout feed
+    ``feed_name`` (and its pipe, dropped after), with their percentiles."""
+    return uvloop.run(_gateway(gateway.base, count, feed_name))
+
+
 def run(gateway: Server, bare: Server, rounds: int, count: int) -> dict[str, Any]:
     out: dict[str, Any] = {"gateway": [], "bare": [], "count_per_round": count}
     uvloop.run(_bare(bare.base, 50))  # warm-up
-    uvloop.run(_gateway(gateway.base, 50, "latwarm"))
+    gateway_run(gateway, 50, "latwarm")
     for round_no in range(rounds):
         order = ["bare", "gateway"] if round_no % 2 == 0 else ["gateway", "bare"]
         for kind in order:
             if kind == "bare":
                 result = uvloop.run(_bare(bare.base, count))
             else:
-                result = uvloop.run(_gateway(gateway.base, count, f"lat{round_no}"))
+                result = gateway_run(gateway, count, f"lat{round_no}")
             result["round"] = round_no
             out[kind].append(result)
             log(

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import throughput
-from bench.common import Server, log, median, start
+from bench.common import ROOT, Server, log, median, start
 
 CASES = ("single", "batch_xml")
 ADMIN = "restms:read restms:publish restms:subscribe restms:admin"
@@ -53,11 +53,22 @@ def _schedule(rounds: int) -> list[tuple[int, str, str]]:
     ]
 
 
-def run(base_env: dict[str, str], rounds: int, duration: float) -> dict[str, Any]:
+def run(
+    base_env: dict[str, str],
+    rounds: int,
+    duration: float,
+    *,
+    root: Path = ROOT,
+    name: str = "gateway",
+) -> dict[str, Any]:
+    """The mirror-on and mirror-off gateways of the checkout ``root`` side by side (their
+    logs: ``<name>-mirror-on`` and ``-off``)."""
     throughput.ensure_wrk()
     servers = {
-        "on": start("gateway", switched(base_env, True)),
-        "off": start("gateway", switched(base_env, False)),
+        kind: start(
+            "gateway", switched(base_env, kind == "on"), root=root, name=f"{name}-mirror-{kind}"
+        )
+        for kind in ("on", "off")
     }
     out: dict[str, Any] = {case: {"on": [], "off": []} for case in CASES}
     try:

@@ -10,6 +10,7 @@
     bench/run --only mirror    # benchmark 13: publish with the traffic mirror on vs off
     bench/run --only analytics # benchmark 14: Spark queries over 10 million events
     bench/run --only cost      # benchmark 15: Python steps and CPU instructions a publish takes
+    bench/run --only memory    # benchmark 16: RSS after cycles of 10,000 pipes made and deleted
 
 Each figure is the median over several rounds, and every round also measures the
 baseline (bench/bare_server.py: a bare aiohttp + uvloop app) with the same load
@@ -43,6 +44,7 @@ from bench import (
     backlog,
     cost,
     latency,
+    memory,
     mirror,
     throughput,
     webhooks,
@@ -140,6 +142,10 @@ def section_cost(args: argparse.Namespace) -> dict[str, Any]:
     return cost.run(GATEWAY_ENV, args.rounds, args.cost_steps, args.cost_requests)
 
 
+def section_memory(args: argparse.Namespace) -> dict[str, Any]:
+    return memory.run(args.memory_cycles, args.memory_pipes)
+
+
 def section_websocket(args: argparse.Namespace) -> dict[str, Any]:
     return websocket_fanout.run(
         args.ws_rounds, args.ws_pipes, args.ws_rate, args.ws_seconds, args.ws_burst
@@ -217,6 +223,7 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
     rows.extend(_webhook_rows(results.get("webhooks", {})))
     rows.extend(_websocket_rows(results.get("websocket", {})))
     rows.extend(_cost_rows(results.get("cost", {})))
+    rows.extend(_memory_rows(results.get("memory", {})))
     rss = results.get("asynclets", {})
     if rss.get("gateway"):
         n = rss["count"]
@@ -258,6 +265,25 @@ def summarize(results: dict[str, Any]) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def _memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Benchmark 16: the last cycle's RSS against the first's."""
+    if not data.get("cycles"):
+        return []
+    first, last = data["cycles"][0], data["cycles"][-1]
+    return [
+        {
+            "benchmark": f"16. RSS after {len(data['cycles'])} cycles of {data['pipes']:,} "
+            "pipes made and deleted (baseline: after the first)",
+            "unit": "MB",
+            "gateway": last["freed_mb"],
+            "bare": first["freed_mb"],
+            "ratio": data["max_ratio"],
+            "target": "every cycle <= 110% of the first",
+            "pass": data["pass"],
+        }
+    ]
 
 
 def _cost_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -640,6 +666,8 @@ def main() -> int:
     parser.add_argument(
         "--cost-requests", type=int, default=20_000, help="#15: publishes per perf stat round"
     )
+    parser.add_argument("--memory-cycles", type=int, default=5, help="cycles for #16")
+    parser.add_argument("--memory-pipes", type=int, default=10_000, help="pipes a cycle, #16")
     parser.add_argument(
         "--zmq-durable", action="store_true", help="#10: bridge pipes store every message"
     )
@@ -659,6 +687,7 @@ def main() -> int:
             "mirror",
             "analytics",
             "cost",
+            "memory",
         ],
         default=None,
     )
@@ -678,6 +707,7 @@ def main() -> int:
         args.analytics_events = min(args.analytics_events, 1_000_000)
         args.analytics_rounds = 1
         args.cost_steps, args.cost_requests = 1_000, 5_000
+        args.memory_cycles, args.memory_pipes = 3, min(args.memory_pipes, 2_000)
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGHUP, _stop_on_signal)
     _raise_nofile()
@@ -702,6 +732,7 @@ def main() -> int:
         "mirror": section_mirror,
         "analytics": section_analytics,
         "cost": section_cost,
+        "memory": section_memory,
     }
     t0 = time.monotonic()
     try:
@@ -744,6 +775,9 @@ def main() -> int:
     if "cost" in results:
         for line in cost.describe(results["cost"]):
             print(f"  cost {line}")
+    if "memory" in results:
+        for line in memory.describe(results["memory"]):
+            print(f"  memory {line}")
     for name, error in results["errors"].items():
         print(f"\n{name} FAILED:\n{error}")
     print(f"\nraw results: {path.relative_to(RESULTS.parent.parent)}")

@@ -33,13 +33,13 @@ import dataclasses
 import logging
 from typing import Any
 
-from feeds.model import Message, Pipe
+from feeds.service import Message
 from restms.specs import MessageSpec, PipeSpec
 
 from .amqp_link import Link
 from .amqp_map import Unmappable, render_target, to_amqp
-from .base import Counters, Port, backoff
-from .common import IDLE, PipeSide, PublishSide, bridge_pipe_spec, first, owner_of
+from .base import Counters, Host, backoff
+from .common import IDLE, PipeSide, PublishSide, bridge_pipe_spec, owner_of
 from .config import AmqpBridgeConfig
 
 log = logging.getLogger(__name__)
@@ -60,10 +60,10 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     """One AMQP 1.0 bridge (either direction); see the module docstring."""
 
     def __init__(
-        self, config: AmqpBridgeConfig, port: Port, *, configured: bool, max_body: int
+        self, config: AmqpBridgeConfig, host: Host, *, configured: bool, max_body: int
     ) -> None:
         self.counters = Counters()
-        super().__init__(config.name, port, configured=configured, counters=self.counters)
+        super().__init__(config.name, host, configured=configured, counters=self.counters)
         self.config = config
         self._feed_name = config.feed
         self._backpressure = config.backpressure
@@ -82,6 +82,8 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     async def start(self) -> None:
         self._stopping = False
         self._stopped.clear()
+        if self.config.direction == "out":
+            await self._open()
         self._start_link()
         body = self._outbound() if self.config.direction == "out" else self._inbound()
         self._task = asyncio.create_task(body, name=f"bridge-{self.name}")
@@ -98,7 +100,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
-        self._close_pipe()  # what was in flight is sent again after a restart
+        await self._close_pipe()  # what was in flight is sent again after a restart
         link, self._link = self._link, None
         if link is not None:
             link.command("stop")
@@ -219,33 +221,27 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         self._rejected.clear()
 
     async def _outbound(self) -> None:
-        engine = self._port.engine
         while not self._stopping:
-            pipe = await self._ready_pipe()
-            if pipe is None:
+            cursor = await self._ready_pipe()
+            if cursor is None:
                 continue
             self._wake.clear()
-            seen = pipe.version
             batch = self._take_resends()
             room = self.config.window - len(self._flight)
-            if room > 0:
-                for message in engine.stream(pipe, self._after):
-                    if len(batch) >= room:
-                        break
-                    self._after = message.seq
-                    item = self._prepare(message)
-                    if item is not None:
-                        self._flight[message.seq] = _Flight(message)
-                        batch.append(item)
+            taken = await self._batch(cursor, room - len(batch)) if room > len(batch) else []
+            for message in taken:
+                self._after = message.position
+                item = self._prepare(message)
+                if item is not None:
+                    self._flight[message.position] = _Flight(message)
+                    batch.append(item)
             if batch and self._link is not None:
                 self._link.command("send", batch)
-            seen = await self._settle_outbound(pipe, seen)
+            await self._settle_outbound()
             if self._stopping:
                 break
-            more = pipe.version != seen or self._wake.is_set()
-            if not more and not self._resend:
-                room_left = len(self._flight) < self.config.window
-                await first(self._wake.wait(), *([pipe.changed(IDLE, seen)] if room_left else []))
+            if not taken and not self._resend and not self._wake.is_set():
+                await self._idle(cursor, self.config.window - len(self._flight))
 
     def _prepare(self, message: Message) -> tuple[int, str, Any] | None:
         """The proton message for a pipe message; unmappable ones go to dead letters."""
@@ -254,10 +250,10 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
             target = render_target(self.config.target, message.spec.address)
         except (Unmappable, ValueError) as exc:
             self.counters.unmappable += 1
-            self._rejected.append((message.seq, f"cannot be sent over AMQP 1.0: {exc}"))
-            self._flight[message.seq] = _Flight(message)
+            self._rejected.append((message.position, f"cannot be sent over AMQP 1.0: {exc}"))
+            self._flight[message.position] = _Flight(message)
             return None
-        return (message.seq, target, amqp)
+        return (message.position, target, amqp)
 
     def _take_resends(self) -> list[tuple[int, str, Any]]:
         batch = []
@@ -302,17 +298,16 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
         self._resend.append(seq)
         self._wake.set()
 
-    async def _settle_outbound(self, pipe: Pipe, seen: int) -> int:
-        """Dead-letter what the broker rejected, then acknowledge the settled run; the
-        pipe version to wait for news from (:meth:`_ack_seen`)."""
+    async def _settle_outbound(self) -> None:
+        """Dead-letter what the broker rejected, then acknowledge the settled run."""
         if self._rejected:
             rejected, self._rejected = self._rejected, []
             for seq, error in rejected:
                 flight = self._flight.pop(seq, None)
                 if flight is not None:
-                    self._dead_letter(pipe, flight.message, error, self.config.dead_letter)
+                    await self._dead_letter(flight.message, error, self.config.dead_letter)
         upto = (min(self._flight) - 1) if self._flight else self._after
-        return await self._ack_seen(pipe, upto, seen)
+        await self._ack_upto(upto)
 
     # ------------------------------------------------------------ inbound
     async def _inbound(self) -> None:

@@ -63,7 +63,7 @@ from uuid import UUID
 import orjson
 from proton import Array, Data, Message, ProtonException
 
-from feeds.model import Blob, Part
+from feeds.service import Blob, Part
 from restms.document import NOT_XML
 from restms.errors import RestMSError
 from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec, build_message

@@ -4,7 +4,9 @@ A bridge connects one gateway feed to something outside (an AMQP 1.0 broker, a
 ZeroMQ fabric). The gateway only ever sees :class:`Bridge`: it starts bridges when
 the app starts, stops them (in reverse order) when it stops, and shows their
 :meth:`Bridge.status` on the admin resource. Bridges reach the engine only through
-a :class:`Port`, which the gateway implements (nothing here imports ``gateway``).
+the engine service (:class:`feeds.service.EngineService`), which the gateway hands
+them in a :class:`Host` with the little else they need of it (nothing here imports
+``gateway``, nor anything of ``feeds`` but the service).
 
 Link states (one table, STYLE 2)::
 
@@ -32,8 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from feeds.engine import Engine
-from feeds.model import Pipe, Slot
+from feeds.service import EngineService
 
 # state -> the states it may move to
 TRANSITIONS: dict[str, frozenset[str]] = {
@@ -152,22 +153,21 @@ class Health:
         }
 
 
-class Port(Protocol):
-    """What a bridge may do with the gateway: the engine, and the few things that need
-    the gateway's store (committing changes, reading spilled messages back)."""
+# Told a bridge's link events for the system feed: (kind, bridge, what, details), with
+# ``what`` one of "up", "down", "error" (docs/EVENTS.md).
+Notify = Callable[[str, str, str, dict[str, str]], None]
 
-    @property
-    def engine(self) -> Engine: ...
 
-    async def commit(self) -> None:
-        """Wait until every change the engine made so far is on disk (raises
-        :class:`restms.errors.ServiceUnavailable` when the store fails)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Host:
+    """What the gateway gives its bridges: the engine service (committing and paging
+    are its business), where link events go, and the limits a bridge's pipe must keep."""
 
-    async def ensure(self, pipe: Pipe) -> None:
-        """Read back messages of ``pipe`` that wait on disk, a page at a time."""
-
-    async def ack(self, slot: Slot) -> int:
-        """Acknowledge ``slot`` and every older message, on disk too (D4)."""
+    engine: EngineService
+    notify: Notify | None = None  # None: management events are off
+    system_feed: str | None = None  # the feed events go to: bridges only out of it
+    max_pipe_messages: int
+    max_pipe_bytes: int
 
 
 class Bridge(Protocol):

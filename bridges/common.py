@@ -4,13 +4,17 @@
 wake-up event). Two sides build on it, and a bridge takes the ones it needs:
 
 - :class:`PipeSide` reads an internal pipe the bridge owns (owner ``#bridge/<name>``),
-  joined to the bridge's feed. Messages leave the pipe only when the bridge says they
-  are done, and since an acknowledgement removes every older message too (D4), only
-  the longest run of done positions is acknowledged.
+  joined to the bridge's feed, through a cursor of the engine service. Messages leave
+  the pipe only when the bridge says they are done, and since an acknowledgement
+  removes every older message too (D4), only the longest run of done positions is
+  acknowledged.
 - :class:`PublishSide` publishes what arrives from outside into a feed: only as many
-  leading messages as every pipe they reach can hold (``backpressure = "wait"``), and
-  reports them done only once they are committed to the store, so a crash before
-  that leaves them with the far side.
+  leading messages as every pipe they reach can hold (``backpressure = "wait"``, the
+  service's ``room``), and reports them done only once they are committed to the
+  store, so a crash before that leaves them with the far side.
+
+Both speak to the engine through :class:`feeds.service.EngineService` alone, with the
+bridge's own principal (:func:`owner_of`): values cross, never the engine's objects.
 """
 
 from __future__ import annotations
@@ -19,23 +23,20 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-from feeds.config import DEFAULT_DOMAIN
-from feeds.mirroring import emit_feed
-from feeds.model import Feed, Join, Pipe, Slot
-from feeds.selection import matching
-from restms.errors import RestMSError, ServiceUnavailable
-from restms.specs import Duplicate, EmbeddedContent, JoinSpec, MessageSpec, PipeOptions, PipeSpec
+from feeds.service import Cursor, EngineService, JoinInfo, Message, PipeInfo
+from restms.errors import NotCommitted, NotFound, RestMSError, ServiceUnavailable
+from restms.specs import JoinSpec, MessageSpec, PipeOptions, PipeSpec
 
-from .base import CoreCounters, Health, Port, backoff
+from .base import CoreCounters, Health, Host, backoff
 
 log = logging.getLogger(__name__)
 
 OWNER_PREFIX = "#bridge/"  # principal names never start with "#" (auth.principals.NAME)
 IDLE = 2.0  # seconds between looks at an idle pipe or socket
-FEW_JOINS = 64  # feeds with at most this many joins get the cheap room check first
+DEFAULT_FEED = "default"  # in the default domain (F15): where a pipe with no home goes
 
 K = TypeVar("K")
 
@@ -61,9 +62,11 @@ async def first(*waits: Awaitable[Any]) -> None:
 class BridgeCore:
     """Name, health and the stop/wake signals of one bridge."""
 
-    def __init__(self, name: str, port: Port, *, configured: bool, counters: CoreCounters) -> None:
+    def __init__(self, name: str, host: Host, *, configured: bool, counters: CoreCounters) -> None:
         self._name = name
-        self._port = port
+        self._host = host
+        self._engine: EngineService = host.engine
+        self._owner = owner_of(name)
         self._configured = configured
         self.health = Health(counters=counters)
         self.health.state.watch = self._link_moved
@@ -89,27 +92,27 @@ class BridgeCore:
     def _link_moved(self, old: str, new: str) -> None:
         """``bridge.<kind>.up`` when the link comes up; ``.down`` when it starts
         retrying, once until it is up again (a link that never came up is down too)."""
-        events = self._port.engine.events
-        if events is None:
+        notify = self._host.notify
+        if notify is None:
             return
         health = self.health
         if new == "up" and self._reported != "up":
             self._reported = "up"
-            events.bridge(self.kind, self._name, "up", {"state": new, "url": health.url})
+            notify(self.kind, self._name, "up", {"state": new, "url": health.url})
         elif new == "retrying" and self._reported != "down":
             self._reported = "down"
             details = {"state": new, "was": old, "url": health.url, "error": health.last_error}
-            events.bridge(self.kind, self._name, "down", details)
+            notify(self.kind, self._name, "down", details)
         elif new == "stopped":
             self._reported = ""
 
     def _link_error(self, text: str) -> None:
         """``bridge.<kind>.error``, coalesced per bridge (the text is the status's
         ``last_error``: URLs in it are redacted)."""
-        events = self._port.engine.events
-        if events is not None:
+        notify = self._host.notify
+        if notify is not None:
             details = {"state": self.health.state.name, "error": text}
-            events.bridge(self.kind, self._name, "error", details)
+            notify(self.kind, self._name, "error", details)
 
     async def _sleep(self, seconds: float) -> None:
         """Sleep, but wake up at once when the bridge stops."""
@@ -126,13 +129,21 @@ class PipeSide(BridgeCore):
 
     ``join`` is what the pipe is joined to: ``(feed, address, headers)``, or None for a
     pipe that only has its default join (a reply pipe, read by its name).
+
+    The pipe and its join are looked at again (made again when gone: a deleted feed,
+    a definition edited between runs) when the bridge starts and whenever a wait for
+    messages ends in vain; in between the bridge only takes and acknowledges.
     """
 
-    def __init__(self, name: str, port: Port, *, configured: bool, counters: CoreCounters) -> None:
-        super().__init__(name, port, configured=configured, counters=counters)
-        self.pipe: Pipe | None = None
-        self._join: Join | None = None  # the internal join, once made or found
-        self._after = 0  # highest position taken from the pipe
+    def __init__(self, name: str, host: Host, *, configured: bool, counters: CoreCounters) -> None:
+        super().__init__(name, host, configured=configured, counters=counters)
+        self.pipe: PipeInfo | None = None
+        self._join: JoinInfo | None = None  # the internal join, once made or found
+        self._cursor: Cursor | None = None  # reads the pipe from the last acknowledged
+        self._ahead: list[Message] = []  # taken while waiting, for the next take
+        self._look = True  # look at the pipe and its join before the next take
+        self._opening = asyncio.Lock()  # two loops of a bridge may open it at once
+        self._after = 0  # highest position done with (sent, answered)
         self._acked = 0  # highest position acknowledged
 
     def _pipe_spec(self) -> PipeSpec:
@@ -148,107 +159,154 @@ class PipeSide(BridgeCore):
     def _pipe_changed(self) -> None:
         """Called when the bridge's pipe is a different one: positions start again."""
 
-    def _open_pipe(self) -> Pipe:
+    async def _feed_domain(self, name: str) -> tuple[str, str] | None:
+        """The key and domain of the public feed ``name``, None when there is none."""
+        try:
+            feed = await self._engine.feed(self._owner, name)
+        except NotFound:
+            return None
+        return feed.key, feed.domain
+
+    async def _open_pipe(self) -> None:
         """Find the bridge's pipe (after a restart) or make it, and keep exactly the
         wanted join on it (a definition edited between runs takes effect). Raises
         :class:`NoFeed` or a RestMS error when it cannot."""
-        pipe, join = self.pipe, self._join
+        engine, owner = self._engine, self._owner
         wanted_join = self._pipe_join()
-        settled = wanted_join is None or (
-            join is not None and not join.deleted and join.pipe is pipe
-        )
-        if pipe is not None and not pipe.deleted and settled:
-            return pipe  # the usual case: nothing changed since the last look
-        engine = self._port.engine
-        feed = engine.public_feeds.get(wanted_join[0]) if wanted_join is not None else None
-        if pipe is None or pipe.deleted:
-            pipe = next(iter(engine.pipes_of(owner_of(self.name))), None)
+        feed = await self._feed_domain(wanted_join[0]) if wanted_join is not None else None
+        pipe: PipeInfo | None = None
+        if self.pipe is not None:
+            with contextlib.suppress(NotFound):
+                pipe = await engine.pipe(owner, self.pipe.key)
+        if pipe is None:
+            pipe = next(iter(await engine.pipes(owner)), None)
         if pipe is None:
             if wanted_join is not None and feed is None:
                 raise NoFeed(wanted_join[0])
-            home = feed or engine.public_feeds.get(self._pipe_home())
-            domain = home.domain if home is not None else engine.domain(DEFAULT_DOMAIN)
-            pipe = engine.create_pipe(domain, self._pipe_spec(), owner_of(self.name))
-        if pipe is not self.pipe:
+            home = feed or await self._feed_domain(self._pipe_home() or DEFAULT_FEED)
+            domain = home[1] if home is not None else ""
+            pipe = await engine.create_pipe(owner, domain, self._pipe_spec())
+        if self.pipe is None or pipe.key != self.pipe.key:
             self._pipe_changed()
+            await self._drop_cursor()
             self._after = self._acked = 0
-            self.pipe = pipe
-            engine.pin(pipe, True)  # read by this bridge, even while it waits (Q1)
+        if self._cursor is None:
+            self._cursor = engine.cursor(owner, pipe.key, self._acked, via=self.name)
+        self.pipe = pipe
         wanted = None
-        if wanted_join is not None:
-            wanted = (feed, wanted_join[1], tuple(sorted(wanted_join[2])))
+        if wanted_join is not None and feed is not None:
+            wanted = (feed[0], wanted_join[1], tuple(sorted(wanted_join[2])))
         self._join = None
-        for join in list(pipe.joins.values()):
+        for join in pipe.joins:
             if join.is_default:
                 continue
-            if (join.feed, join.spec.address, tuple(sorted(join.spec.headers))) == wanted:
+            if (join.feed, join.address, tuple(sorted(join.headers))) == wanted:
                 self._join = join
             else:
-                engine.delete_join(join)  # of an earlier definition
+                await engine.delete_join(owner, join.key)  # of an earlier definition
         if wanted_join is not None and feed is not None and self._join is None:
             spec = JoinSpec(
-                feed_path=f"/restms/feed/{feed.name}",
+                feed_path=f"/restms/feed/{wanted_join[0]}",
                 address=wanted_join[1],
                 headers=wanted_join[2],
             )
-            self._join, _ = engine.create_join(pipe, spec)
-        return pipe
+            self._join, _ = await engine.create_join(owner, pipe.key, spec)
 
-    async def _ready_pipe(self) -> Pipe | None:
-        """The pipe, opened and with its spilled messages read back; None (after a
-        pause, the reason in the status) when it cannot be had now."""
-        try:
-            pipe = self._open_pipe()
-        except (NoFeed, RestMSError) as exc:
-            self.health.error(str(exc))
+    async def _ready_pipe(self) -> Cursor | None:
+        """The cursor over the bridge's pipe, the pipe looked at first when due; None
+        (after a pause, the reason in the status) when it cannot be had now."""
+        cursor = self._cursor
+        if cursor is not None and not self._look:
+            return cursor
+        if not await self._open():
             await self._sleep(IDLE)
             return None
-        await self._port.ensure(pipe)
-        return pipe
+        return self._cursor
 
-    def _close_pipe(self) -> None:
-        """Unpin the pipe (idle from now, unless the bridge comes back) and forget it;
-        whatever was taken but not acknowledged is taken again next time."""
-        if self.pipe is not None and not self.pipe.deleted:
-            self._port.engine.pin(self.pipe, False)
+    async def _open(self) -> bool:
+        """Look at the pipe and its join (made when missing); False, the reason in the
+        status, when they cannot be had now. A bridge opens its pipe before it says it
+        is up, so its join takes messages from then on."""
+        async with self._opening:
+            try:
+                await self._open_pipe()
+            except (NoFeed, RestMSError) as exc:
+                self.health.error(str(exc))
+                return False
+            self._look = False
+            return True
+
+    async def _drop_cursor(self) -> None:
+        cursor, self._cursor = self._cursor, None
+        self._ahead.clear()
+        if cursor is not None:
+            await cursor.close()
+
+    async def _close_pipe(self) -> None:
+        """Close the cursor (the pipe is idle from now, unless the bridge comes back)
+        and forget the pipe; whatever was taken but not acknowledged is taken again
+        next time."""
+        await self._drop_cursor()
         self.pipe = self._join = None
         self._after = self._acked
+        self._look = True
 
-    async def _ack_upto(self, pipe: Pipe, upto: int) -> None:
-        """Acknowledge every position up to ``upto`` (D4), on disk too."""
-        if upto > self._acked:
-            engine = self._port.engine
-            if engine.mirror is not None:
-                for seq, message in list(pipe.messages.items()):
-                    if seq > upto:
-                        break
-                    if seq > self._acked:
-                        engine.mirrored("bridge_out", pipe, message, bridge=self.name)
-            await self._port.ack(Slot(pipe, upto))
-            self._acked = upto
+    async def _batch(self, cursor: Cursor, limit: int) -> list[Message]:
+        """Up to ``limit`` messages of the pipe after those taken, without waiting."""
+        taken, self._ahead = self._ahead[:limit], self._ahead[limit:]
+        if limit > len(taken):
+            taken.extend(await cursor.take(limit - len(taken)))
+        return taken
 
-    async def _ack_seen(self, pipe: Pipe, upto: int, seen: int) -> int:
-        """:meth:`_ack_upto`, then the pipe version to wait for news from: ``seen``, or
-        the new version when only this acknowledgement changed the pipe (no news)."""
-        before = pipe.version
-        await self._ack_upto(pipe, upto)
-        if seen == before and pipe.version == before + 1:
-            return pipe.version
-        return seen
-
-    async def _wait_news(self, pipe: Pipe, seen: int) -> None:
-        """Wait (bounded) until the pipe changes after ``seen``, or the bridge is woken."""
-        await first(self._wake.wait(), pipe.changed(IDLE, seen))
+    async def _idle(self, cursor: Cursor, limit: int) -> None:
+        """Wait (bounded) until the bridge is woken or, with room for ``limit`` more,
+        a message comes (kept for the next :meth:`_batch`). A wait in vain has the
+        pipe looked at again."""
+        woken = asyncio.ensure_future(self._wake.wait())
+        waits: list[asyncio.Future[Any]] = [woken]
+        taking = None
+        if limit > 0 and not self._ahead:
+            taking = asyncio.ensure_future(cursor.take(limit, wait=IDLE))
+            waits.append(taking)
+        try:
+            await asyncio.wait(waits, timeout=IDLE, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
+            done = await asyncio.gather(*waits, return_exceptions=True)
+        got = done[1] if taking is not None else ()
+        if isinstance(got, tuple):
+            self._ahead.extend(got)
+        if not self._ahead and not self._wake.is_set():
+            self._look = True  # nothing came: is the pipe still there, and joined?
         self._wake.clear()
 
-    def _pipe_backlog(self) -> int:
-        pipe = self.pipe
-        return len(pipe.messages) + pipe.spilled if pipe is not None else 0
+    async def _ack_upto(self, upto: int) -> None:
+        """Acknowledge every position up to ``upto`` (D4), on disk soon after."""
+        cursor = self._cursor
+        if upto > self._acked and cursor is not None:
+            try:
+                # Not waiting for the disk: what a crash un-acknowledges is sent again,
+                # as anything the far side took before its acceptance came back.
+                await cursor.ack(upto, wait=False)
+            except NotFound:  # the pipe went: what it held went with it
+                self._look = True
+            self._acked = upto
 
-    def _dead_letter(self, pipe: Pipe, message: Any, error: str, dead_letter: str) -> None:
+    def _pipe_backlog(self) -> int:
+        cursor = self._cursor
+        return cursor.held if cursor is not None else 0
+
+    async def _dead_letter(self, message: Message, error: str, dead_letter: str) -> None:
         why = (("x-bridge", self.name), ("x-bridge-error", error[:1000]))
-        engine = self._port.engine
-        if engine.dead_letter(pipe, message, "rejected", why, feed=dead_letter):
+        try:
+            moved = await self._engine.dead_letter(
+                self._owner, message.pipe, message.position, "rejected",
+                feed=dead_letter or None, headers=why,
+            )  # fmt: skip
+        except NotFound:  # gone already, with its pipe
+            return
+        if moved:
             self.health.counters.dead_lettered += 1
         else:
             self.health.counters.discarded += 1
@@ -274,6 +332,7 @@ class PublishSide(BridgeCore, Generic[K]):
 
     _feed_name: str
     _backpressure: str
+    _queued = 0  # messages the last publish left in a rotator or service feed's queue
 
     async def _absorb(
         self,
@@ -286,148 +345,84 @@ class PublishSide(BridgeCore, Generic[K]):
         take (not a full gateway) with the reason. Returns what was not published
         because the bridge is stopping."""
         attempt = 0
+        engine, owner, feed = self._engine, self._owner, self._feed_name
         while batch and not self._stopping:
-            feed = self._port.engine.public_feeds.get(self._feed_name)
-            if feed is None:
-                self.health.error(f"no feed named {self._feed_name!r} to publish into")
+            try:
+                fits = len(batch)
+                if self._backpressure == "wait":
+                    fits = await engine.room(owner, feed, [spec for _, spec in batch])
+                if not fits:
+                    self.health.counters.throttled += 1
+                    # wait (bounded) for a full pipe to change, or for the bridge to stop
+                    specs = [spec for _, spec in batch]
+                    await first(self._stopped.wait(), engine.room(owner, feed, specs, wait=IDLE))
+                    continue
+                part = batch[:fits]
+                counts, duplicates = await self._publish(part, refuse)
+            except NotFound:
+                self.health.error(f"no feed named {feed!r} to publish into")
                 attempt += 1
                 await self._sleep(backoff(attempt, 0.05, 2.0))
                 continue
-            fits, full = self._fitting(feed, batch)
-            if not fits:
-                self.health.counters.throttled += 1
-                # wait (bounded) for a full pipe to change, or for the bridge to stop
-                await first(self._stopped.wait(), *(p.changed(IDLE, v) for p, v in full.items()))
+            except NotCommitted as exc:  # withdrawn, all of it: published again
+                self.health.error(f"cannot commit to the store: {exc}")
+                attempt += 1
+                await self._sleep(backoff(attempt, 0.1, 5.0))
                 continue
-            part = batch[:fits]
-            try:
-                counts = self._publish(feed, part, refuse)
             except ServiceUnavailable as exc:
                 self.health.error(f"the gateway cannot take messages now: {exc}")
                 attempt += 1
                 await self._sleep(backoff(attempt, 0.05, 2.0))
                 continue
-            if not await self._commit():  # routed, but not yet on disk: never publish twice
-                break
             attempt = 0
-            self._count(counts)
-            self._mirror(feed, part, counts)
+            self._count(counts, duplicates)
             done([key for key, _ in part], counts)
             batch = batch[fits:]
         return [key for key, _ in batch]
 
-    async def _commit(self) -> bool:
-        """Commit what was routed, retrying while the store fails; False if stopping."""
-        attempt = 0
-        while not self._stopping:
-            try:
-                await self._port.commit()
-            except ServiceUnavailable as exc:
-                self.health.error(f"cannot commit to the store: {exc}")
-                attempt += 1
-                await self._sleep(backoff(attempt, 0.1, 5.0))
-            else:
-                return True
-        return False
-
-    def _publish(
-        self,
-        feed: Feed,
-        batch: list[tuple[K, MessageSpec]],
-        refuse: Callable[[K, str], None],
-    ) -> list[int]:
-        """Publish the batch; a message the engine refuses (not a full gateway) is
-        refused alone and left out of ``batch``, the others go on."""
-        engine = self._port.engine
-        owner = owner_of(self.name)
+    async def _publish(
+        self, batch: list[tuple[K, MessageSpec]], refuse: Callable[[K, str], None]
+    ) -> tuple[list[int], list[bool]]:
+        """Publish the batch (committed when it must be); a message the engine refuses
+        (not a full gateway, nor a missing feed) is refused alone and left out of
+        ``batch``, the others go on. The join counts and which were duplicates."""
+        engine, owner, feed = self._engine, self._owner, self._feed_name
         try:
-            return engine.publish(feed, [spec for _, spec in batch], owner)
-        except ServiceUnavailable:
+            result = await engine.publish(owner, feed, [spec for _, spec in batch], via=self.name)
+        except (ServiceUnavailable, NotFound):
             raise
         except RestMSError:
-            if len(batch) == 1:
-                raise
+            pass  # one at a time, to find the one refused
+        else:
+            self._queued = result.queued
+            return list(result.counts), list(result.duplicates)
         counts: list[int] = []
+        duplicates: list[bool] = []
         keep: list[tuple[K, MessageSpec]] = []
+        self._queued = 0
         for item in batch:
             try:
-                counts.extend(engine.publish(feed, [item[1]], owner))
-                keep.append(item)
-            except ServiceUnavailable:
+                one = await engine.publish(owner, feed, [item[1]], via=self.name)
+            except (ServiceUnavailable, NotFound):
                 raise
             except RestMSError as exc:
                 self.health.counters.refused += 1
                 self.health.error(f"the gateway refused a message: {exc}")
                 refuse(item[0], str(exc))
+                continue
+            counts.extend(one.counts)
+            duplicates.extend(one.duplicates)
+            self._queued += one.queued
+            keep.append(item)
         batch[:] = keep
-        return counts
+        return counts, duplicates
 
-    def _mirror(self, feed: Feed, part: list[tuple[K, MessageSpec]], counts: list[int]) -> None:
-        """Offer the mirror a bridge_in event per message published from the far side."""
-        sink = self._port.engine.mirror
-        if sink is None:
-            return
-        now, owner = time.time(), owner_of(self.name)
-        for (_, spec), count in zip(part, counts, strict=True):
-            outcome = "duplicate" if isinstance(count, Duplicate) else "ok"
-            emit_feed(
-                sink, "bridge_in", now, feed, spec, _size(spec), owner, outcome, bridge=self.name
-            )
-
-    def _count(self, counts: Sequence[int]) -> None:
+    def _count(self, counts: list[int], duplicates: list[bool]) -> None:
         counters = self.health.counters
-        for count in counts:
-            if isinstance(count, Duplicate):
+        for count, duplicate in zip(counts, duplicates, strict=True):
+            if duplicate:
                 counters.duplicates += 1
             else:
                 counters.published += 1
                 if count == 0:
                     counters.unroutable += 1
-
-    def _fitting(
-        self, feed: Feed, batch: list[tuple[K, MessageSpec]]
-    ) -> tuple[int, dict[Pipe, int]]:
-        """With ``backpressure = "wait"``: how many leading messages of the batch every
-        pipe they reach can hold together (Q2 would skip a full pipe: a lost message),
-        and, when it is none, the full pipes to wait for."""
-        if self._backpressure != "wait" or feed.type in ("rotator", "service"):
-            return len(batch), {}  # queueing feeds answer 503 themselves when full
-        if len(feed.joins) <= FEW_JOINS and _all_fit(feed, batch):
-            return len(batch), {}  # the usual case, without matching each message
-        used: dict[Pipe, list[int]] = {}
-        for index, (_, spec) in enumerate(batch):
-            size = _size(spec)
-            pipes = {join.pipe for join in matching(feed, spec)}
-            for pipe in pipes:
-                if pipe.overflow != "skip" or size > pipe.max_bytes:
-                    continue  # reject answers 503; drop-oldest and too big are policy
-                count, total = used.get(pipe, (0, 0))
-                if not _room(pipe, count + 1, total + size):
-                    return index, ({} if index else {pipe: pipe.version})
-            for pipe in pipes:
-                count, total = used.get(pipe, (0, 0))
-                used[pipe] = [count + 1, total + size]
-        return len(batch), {}
-
-
-def _all_fit(feed: Feed, batch: Sequence[tuple[Any, MessageSpec]]) -> bool:
-    """Whether every pipe joined to ``feed`` has room for the whole batch: then no
-    message of it can meet a full pipe, whichever pipes it reaches."""
-    total = sum(_size(spec) for _, spec in batch)
-    return all(
-        join.pipe.overflow != "skip" or _room(join.pipe, len(batch), total)
-        for join in feed.joins.values()
-    )
-
-
-def _size(spec: MessageSpec) -> int:
-    """The content bytes a message adds to a pipe (as its byte limit counts them)."""
-    return sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
-
-
-def _room(pipe: Pipe, count: int, size: int) -> bool:
-    """Whether the pipe can hold ``count`` more messages of ``size`` bytes in all."""
-    return (
-        len(pipe.messages) + pipe.spilled + count <= pipe.max_messages
-        and pipe.bytes + pipe.spilled_bytes + size <= pipe.max_bytes
-    )

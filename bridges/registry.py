@@ -22,7 +22,7 @@ import zmq.asyncio
 from restms.errors import BadRequest, Conflict, Forbidden, NotFound
 
 from .amqp import AmqpBridge
-from .base import Port
+from .base import Host
 from .common import owner_of
 from .config import AmqpBridgeConfig, BridgeConfig, ZmqBridgeConfig, parse
 from .zeromq import ZapGate, ZmqBridge
@@ -38,13 +38,13 @@ class Registry:
 
     def __init__(
         self,
-        port: Port,
+        host: Host,
         configured: Sequence[BridgeConfig],
         *,
         state_file: Path | None,
         max_body: int,
     ) -> None:
-        self._port = port
+        self._host = host
         self._configured = tuple(configured)
         self._state_file = state_file
         self._max_body = max_body
@@ -95,7 +95,7 @@ class Registry:
 
     def _make(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
         if isinstance(config, AmqpBridgeConfig):
-            return AmqpBridge(config, self._port, configured=configured, max_body=self._max_body)
+            return AmqpBridge(config, self._host, configured=configured, max_body=self._max_body)
         if self._zmq is None:
             self._zmq = zmq.asyncio.Context()
             self._zap = ZapGate(self._zmq)
@@ -103,7 +103,7 @@ class Registry:
         kind = {"router": RouterBridge, "dealer": DealerBridge}.get(config.socket, ZmqBridge)
         return kind(
             config,
-            self._port,
+            self._host,
             configured=configured,
             max_body=self._max_body,
             context=self._zmq,
@@ -132,27 +132,33 @@ class Registry:
                 if existing.config == config:
                     return existing, False
                 raise Conflict(f"a different bridge named {config.name!r} exists")
-            engine = self._port.engine
-            if config.feed not in engine.public_feeds:
+            host = self._host
+            if not await self._public(config.feed):
                 raise BadRequest(f"no feed named {config.feed!r} to bridge")
-            events = engine.events
-            if events is not None and config.direction == "in" and config.feed == events.name:
+            if config.direction == "in" and config.feed == host.system_feed:
                 raise Forbidden(f"feed {config.feed!r} is the system feed: only bridges out of it")
-            limits = engine.config
-            if config.max_messages > limits.max_pipe_messages:
-                raise BadRequest(f"max_messages may be at most {limits.max_pipe_messages}")
-            if config.max_bytes > limits.max_pipe_bytes:
-                raise BadRequest(f"max_bytes may be at most {limits.max_pipe_bytes}")
+            if config.max_messages > host.max_pipe_messages:
+                raise BadRequest(f"max_messages may be at most {host.max_pipe_messages}")
+            if config.max_bytes > host.max_pipe_bytes:
+                raise BadRequest(f"max_bytes may be at most {host.max_pipe_bytes}")
             dead = config.dead_letter
-            if dead and dead not in engine.public_feeds:
+            if dead and not await self._public(dead):
                 raise BadRequest(f"no feed named {dead!r} for dead letters")
             if isinstance(config, ZmqBridgeConfig):
-                if config.socket == "dealer" and config.reply_feed not in engine.public_feeds:
+                if config.socket == "dealer" and not await self._public(config.reply_feed):
                     raise BadRequest(f"no feed named {config.reply_feed!r} for replies")
                 self._check_endpoints(config)
             bridge = await self._start(config, configured=False)
             await self._save()
             return bridge, True
+
+    async def _public(self, name: str) -> bool:
+        """Whether a public feed is named ``name``."""
+        try:
+            feed = await self._host.engine.feed(None, name)
+        except NotFound:
+            return False
+        return feed.name == name
 
     def _check_endpoints(self, config: ZmqBridgeConfig) -> None:
         """409 for an endpoint another ZeroMQ bridge of this gateway binds."""
@@ -180,10 +186,9 @@ class Registry:
                 )
             await bridge.stop()
             del self._bridges[name]
-            engine = self._port.engine
-            for pipe in engine.pipes_of(owner_of(name)):
-                engine.delete_pipe(pipe)
-            await self._port.commit()
+            engine, owner = self._host.engine, owner_of(name)
+            for pipe in await engine.pipes(owner):
+                await engine.delete_pipe(owner, pipe.key)  # committed when it returns
             await self._save()
             return waiting
 

@@ -36,7 +36,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Coroutine
-from itertools import islice
 from typing import Any, cast
 
 import zmq
@@ -44,11 +43,11 @@ import zmq.asyncio
 from zmq.backend import Socket as _Backend
 from zmq.utils.monitor import parse_monitor_message
 
-from feeds.model import Message, Pipe
+from feeds.service import Message
 from restms.specs import MessageSpec, PipeSpec
 
 from .amqp_map import Unmappable
-from .base import Port, ZmqCounters, backoff
+from .base import Host, ZmqCounters, backoff
 from .common import IDLE, PipeSide, PublishSide, bridge_pipe_spec, first
 from .config import ZmqBridgeConfig
 from .zmq_wire import Malformed, decode, encode
@@ -122,7 +121,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
     def __init__(
         self,
         config: ZmqBridgeConfig,
-        port: Port,
+        host: Host,
         *,
         configured: bool,
         max_body: int,
@@ -130,7 +129,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
         zap: ZapGate,
     ) -> None:
         self.counters = ZmqCounters()
-        super().__init__(config.name, port, configured=configured, counters=self.counters)
+        super().__init__(config.name, host, configured=configured, counters=self.counters)
         self.config = config
         self._feed_name = config.feed
         self._backpressure = config.backpressure
@@ -168,7 +167,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._close_socket()
-        self._close_pipe()
+        await self._close_pipe()
         if self.health.state.name != "stopped":
             if self.health.state.name != "stopping":
                 self.health.state.move("stopping")
@@ -254,6 +253,8 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
                 attempt += 1
                 await self._sleep(backoff(attempt, 0.5, 30.0))
                 continue
+            if self.config.socket not in ("pull", "sub"):  # it reads a pipe
+                await self._open()
             self.health.state.move("up")
             break
         if self._stopping:
@@ -355,6 +356,17 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
             return False
         return True
 
+    def can_send(self) -> bool:
+        """Whether the socket would take a message now: a peer is there and its queue
+        has room. Reading the socket's events also has ZeroMQ act on what it was told
+        meanwhile, such as taking a gone peer's queue down."""
+        sync = self._sync
+        if sync is None:
+            return False
+        events = cast(int, sync.getsockopt(zmq.EVENTS))
+        self._touched()  # the read may take the edge a waiting future needs
+        return bool(events & zmq.POLLOUT)
+
     def _touched(self) -> None:
         """Call after operations on the shadow socket. ZeroMQ signals readiness on an
         edge-triggered descriptor; an operation that bypasses ``zmq.asyncio`` may take
@@ -384,30 +396,28 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
 
     async def _send_loop(self) -> None:
         """pub, push: send what the pipe holds, in order (see the module docstring)."""
-        engine = self._port.engine
         while not self._stopping:
-            pipe = await self._ready_pipe()
-            if pipe is None:
+            cursor = await self._ready_pipe()
+            if cursor is None:
                 continue
-            seen = pipe.version
             done = 0
-            for message in list(islice(engine.stream(pipe, self._after), self.config.window)):
-                if not await self._send_message(pipe, message):
+            for message in await self._batch(cursor, self.config.window):
+                if not await self._send_message(message):
                     break  # stopping
-                self._after = message.seq
+                self._after = message.position
                 done += 1
             self._touched()
-            seen = await self._ack_seen(pipe, self._after, seen)
+            await self._ack_upto(self._after)
             if not done and not self._stopping:
-                await self._wait_news(pipe, seen)
+                await self._idle(cursor, self.config.window)
 
-    async def _send_message(self, pipe: Pipe, message: Message) -> bool:
+    async def _send_message(self, message: Message) -> bool:
         """Send one message (dead-letter it if it cannot be one); False if stopping."""
         try:
             frames = encode(message.spec, message.parts)
         except (Unmappable, ValueError) as exc:
             self.counters.unmappable += 1
-            self._dead_letter(pipe, message, f"cannot be sent over ZeroMQ: {exc}", "")
+            await self._dead_letter(message, f"cannot be sent over ZeroMQ: {exc}", "")
             return True
         while not self._send(frames):
             if self.config.at_hwm == "drop":

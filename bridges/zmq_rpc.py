@@ -29,12 +29,11 @@ import errno
 import logging
 import secrets
 from collections.abc import Coroutine
-from itertools import islice
 from typing import Any
 
 import zmq
 
-from feeds.model import Message, Pipe
+from feeds.service import Message
 from restms.specs import MESSAGE_PROPERTIES, EmbeddedContent, MessageSpec, PipeSpec
 
 from .amqp_map import Unmappable
@@ -128,12 +127,11 @@ class RouterBridge(ZmqBridge):
                 self._room.clear()
                 await first(self._room.wait(), self._stopped.wait())
                 continue
-            pipe = await self._ready_pipe()
-            if pipe is None:
+            if await self._ready_pipe() is None or self.pipe is None:
                 continue
             batch: list[tuple[str, MessageSpec]] = []
             for frames in await self._receive():
-                request = self._request(frames, pipe.key)
+                request = self._request(frames, self.pipe.key)
                 if request is not None:
                     batch.append(request)
             if batch:
@@ -165,8 +163,7 @@ class RouterBridge(ZmqBridge):
         )
 
     def _published(self, keys: list[str], counts: list[int]) -> None:
-        feed = self._port.engine.public_feeds.get(self._feed_name)
-        queueing = feed is not None and feed.type in ("rotator", "service")
+        queueing = self._queued > 0  # a queueing feed keeps what no join took yet
         for key, count in zip(keys, counts, strict=True):
             if count == 0 and not queueing:
                 self._fail(
@@ -217,16 +214,14 @@ class RouterBridge(ZmqBridge):
 
     async def _reply_loop(self) -> None:
         """Send the replies services put in the reply pipe to their requesters."""
-        engine = self._port.engine
         counters = self.counters
         while not self._stopping:
-            pipe = await self._ready_pipe()
-            if pipe is None:
+            cursor = await self._ready_pipe()
+            if cursor is None:
                 continue
-            seen = pipe.version
-            batch = list(islice(engine.stream(pipe, self._after), self.config.window))
+            batch = await self._batch(cursor, self.config.window)
             for message in batch:
-                self._after = message.seq
+                self._after = message.position
                 key = message.spec.prop("correlation_id") or ""
                 asked = self._take(key)
                 if asked is None:
@@ -247,9 +242,9 @@ class RouterBridge(ZmqBridge):
                 self._reply(asked.route, frames)
                 counters.replies += 1
             self._touched()
-            seen = await self._ack_seen(pipe, self._after, seen)
+            await self._ack_upto(self._after)
             if not batch and not self._stopping:
-                await self._wait_news(pipe, seen)
+                await self._idle(cursor, self.config.window)
 
 
 # ---------------------------------------------------------------- dealer
@@ -296,33 +291,32 @@ class DealerBridge(ZmqBridge):
 
     async def _request_loop(self) -> None:
         """Send requests to the workers, at most ``window`` waiting for replies."""
-        engine = self._port.engine
         loop = asyncio.get_running_loop()
         while not self._stopping:
-            pipe = await self._ready_pipe()
-            if pipe is None:
+            cursor = await self._ready_pipe()
+            if cursor is None:
                 continue
-            seen = pipe.version
             room = self.config.window - len(self._jobs)
-            taken = list(islice(engine.stream(pipe, self._after), max(room, 0)))
+            taken = await self._batch(cursor, max(room, 0))
             for message in taken:
-                self._after = message.seq
-                request_id = f"{self._ids}-{message.seq}".encode()
+                seq = message.position
+                self._after = seq
+                request_id = f"{self._ids}-{seq}".encode()
                 job = _Job(message, request_id)
-                job.timer = loop.call_later(self.config.timeout, self._timed_out, message.seq)
-                self._jobs[message.seq] = job
-                self._by_id[request_id] = message.seq
-                self._unsent.append(message.seq)
+                job.timer = loop.call_later(self.config.timeout, self._timed_out, seq)
+                self._jobs[seq] = job
+                self._by_id[request_id] = seq
+                self._unsent.append(seq)
                 self.counters.requests += 1
-            self._send_waiting(pipe)
+            await self._send_waiting()
             if self._unsent and not self._stopping:
                 if self.config.at_hwm == "block":
                     self.counters.blocked += 1
                 await self._writable()
             elif not taken and not self._stopping:
-                await self._wait_news(pipe, seen)
+                await self._idle(cursor, max(self.config.window - len(self._jobs), 0))
 
-    def _send_waiting(self, pipe: Pipe) -> None:
+    async def _send_waiting(self) -> None:
         while self._unsent:
             seq = self._unsent[0]
             job = self._jobs.get(seq)
@@ -334,7 +328,7 @@ class DealerBridge(ZmqBridge):
             except (Unmappable, ValueError) as exc:
                 self.counters.unmappable += 1
                 self._unsent.popleft()
-                self._dead_letter(pipe, job.message, f"cannot be sent over ZeroMQ: {exc}", "")
+                await self._dead_letter(job.message, f"cannot be sent over ZeroMQ: {exc}", "")
                 self._finish(seq, None, "")
                 continue
             if not self._send([job.request_id, b"", *frames]):
@@ -424,9 +418,7 @@ class DealerBridge(ZmqBridge):
                 return  # stopping: those requests stay in the pipe
             for seq, _ in batch:
                 self._jobs.pop(seq, None)
-            pipe = self.pipe
-            if pipe is not None and not pipe.deleted:
-                await self._ack_upto(pipe, (min(self._jobs) - 1) if self._jobs else self._after)
+            await self._ack_upto((min(self._jobs) - 1) if self._jobs else self._after)
             self._wake.set()
 
     def _unanswerable(self, seq: int, reason: str) -> None:

@@ -54,7 +54,7 @@ from typing import cast
 
 import orjson
 
-from feeds.model import Blob, Part
+from feeds.service import Blob, Part
 from restms.document import NOT_XML
 from restms.errors import RestMSError
 from restms.jsoncodec import may_hold_controls

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from restms.errors import BadRequest
 from restms.names import check_name
-from restms.specs import OVERFLOW_POLICIES, FeedSpec
+from restms.specs import OVERFLOW_POLICIES, FeedSpec, check_text
 from restms.webhook import WebhookLimits
 
 DEFAULT_FEED = "default"
@@ -48,9 +48,11 @@ class EngineConfig:
     max_pipe_bytes: int = 64 * 1024 * 1024
     overflow: str = "skip"
     max_feed_queue: int = 10_000  # F8, Q22
+    max_feed_queue_bytes: int = 64 * 1024 * 1024  # the sizes of a feed's queued messages
     listing_cap: int = 1_000  # A8
     staged_ttl: float = 300.0  # M4
     max_staged_bytes: int = 256 * 1024 * 1024
+    max_staged_bytes_per_principal: int = 64 * 1024 * 1024  # one principal's share of it
     # Acknowledgement leases: seconds a fetched message may stay unacknowledged before
     # it is delivered again (0: never), and how many deliveries before dead-lettering.
     lease: float = 300.0
@@ -66,8 +68,9 @@ class EngineConfig:
     # Deduplication per feed on message_id: seconds and ids remembered (0 seconds: off).
     dedup_window: float = 600.0
     dedup_max: int = 10_000
-    # Bytes of pipe messages to hold in memory (content plus OVERHEAD each); past it,
-    # new messages wait on disk (0: no budget; only with a store).
+    # Bytes of pipe and feed-queue messages to hold in memory (their size plus OVERHEAD
+    # each); past it, new pipe and feed-queue messages wait on disk (0: no budget; only
+    # with a store).
     memory_budget: int = 64 * 1024 * 1024
     webhooks: WebhookLimits = field(default_factory=WebhookLimits)  # webhook pipes
 
@@ -75,7 +78,7 @@ class EngineConfig:
         if not self.domains:
             raise ValueError("at least one domain is needed")
         positive = "max_pipe_messages max_pipe_bytes max_feed_queue listing_cap max_deliveries"
-        for key in (*positive.split(), "dedup_max"):
+        for key in (*positive.split(), "dedup_max", "max_feed_queue_bytes"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be positive")
         for key in (
@@ -83,6 +86,7 @@ class EngineConfig:
             "pipe_idle_timeout",
             "dedup_window",
             "max_staged_bytes",
+            "max_staged_bytes_per_principal",
             "memory_budget",
         ):
             if getattr(self, key) < 0:
@@ -114,6 +118,11 @@ class EngineConfig:
         names = [name for name, _ in self.domains]
         if len(set(names)) != len(names):
             raise ValueError("a domain is declared twice")
+        for name, title in self.domains:
+            try:
+                check_text(title, "domain", "title")
+            except BadRequest as exc:
+                raise ValueError(f"domain {name!r}: {exc.reason}") from exc
         seen = {DEFAULT_FEED}
         for feed in self.feeds:
             if feed.name in seen:
@@ -148,6 +157,7 @@ class Counters:
     hook_delivered: int = 0  # webhook deliveries the receiver took (2xx)
     hook_failed: int = 0  # webhook attempts that failed (tried again later)
     hook_dead: int = 0  # webhook messages given up on (dead-lettered or discarded)
+    withdrawn: int = 0  # copies of publishes whose commit failed, taken back unread
 
 
 # Upper bounds (seconds) of the delivery latency histogram: from a message's arrival in

@@ -17,7 +17,7 @@ the writer process expands into the same rows (:func:`emit_request`). The common
 one message whose one copy went to one pipe, goes as one shorter record of its route
 and publish events (``spark_sink.schema.Routed``, :func:`emit_routed`).
 
-A pipe is named by a digest of its key, the same one :func:`feeds.delivery.label`
+A pipe is named by a digest of its key, the same one :func:`feeds.publishing.label`
 shows, never by its name (a capability); a private feed by a digest of its key too.
 """
 
@@ -43,7 +43,8 @@ class Sink(Protocol):
 
 class Copies:
     """What a publish of several messages did with its copies, collected while it
-    routes (``Engine.publish``, ``_deliver``, ``_route``, ``_room``) for its request
+    routes (``Publishing.publish`` creates it and hands it down ``route``, ``_room``
+    and ``Placement.deliver``: it is that publish's alone) for its request
     record. Nothing is noted a message: how many copies each message had is its count
     (the joins it matched, ``Engine.publish``'s answer), less what ``extra`` says."""
 
@@ -66,7 +67,9 @@ ORIGIN = "x-original-feed"  # the header a dead letter names its feed in
 PRIVATE = "(private)"  # a message's feed when it came from a private feed of another kind
 
 
-@functools.lru_cache(maxsize=65_536)
+# Memoised for the pipes in use now; a larger table kept up to that many names of
+# deleted pipes (about 18 MB for 65,536: benchmark 16, docs/BENCHMARKS.md).
+@functools.lru_cache(maxsize=1024)
 def digest(key: str) -> str:
     """The twelve hex digits of SHA-256 that name a pipe (or a private feed) in events."""
     return hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -122,6 +125,24 @@ def emit_feed(
             bridge,
         )
     )
+
+
+def emit_bridge_in(
+    sink: Sink,
+    now: float,
+    feed: Feed,
+    messages: Sequence[MessageSpec],
+    counts: Sequence[int],
+    principal: str | None,
+    bridge: str,
+) -> None:
+    """A bridge_in event for each message a bridge published into ``feed`` (its
+    outcome: duplicate, or ok)."""
+    for spec, count in zip(messages, counts, strict=True):
+        outcome = "duplicate" if isinstance(count, Duplicate) else OK
+        emit_feed(
+            sink, "bridge_in", now, feed, spec, embedded(spec), principal, outcome, bridge=bridge
+        )
 
 
 def emit_routed(
@@ -200,8 +221,9 @@ def emit_pipe(
 
 
 def embedded(spec: MessageSpec) -> int:
-    """The bytes of a message's embedded contents (the size of its publish event)."""
-    size = 0
+    """The bytes of a message's address, properties, headers and embedded contents (the
+    size of its publish event: staged contents are counted where they are delivered)."""
+    size = spec.head_size
     for content in spec.contents:
         if type(content) is EmbeddedContent:
             size += len(content.value)
@@ -218,7 +240,7 @@ def emit_publish(
 ) -> None:
     """One event per message of a publish: "publish" with outcome "ok" or "duplicate"
     (by its count), or, when the feed refused them all (``counts`` None), "drop" with
-    outcome "refused". The size counts the message's embedded contents."""
+    outcome "refused". The size counts the message's head and embedded contents."""
     kind, outcome = ("publish", OK) if counts is not None else ("drop", "refused")
     name = feed.name
     domain, shown, feed_type = feed.domain.name, feed_name(feed), feed.type
@@ -280,8 +302,8 @@ def emit_request(
         return
     pipes, extra, skipped = copies.pipes, copies.extra, copies.skipped
     where: list[str | None] | str | None
-    # A comprehension reads a slot for less than map(attrgetter) does (which looks the
-    # attribute up by name each time), although it counts Python steps and map none.
+    # Comprehensions rather than map(attrgetter(...)): attrgetter looks the attribute
+    # up by name on every item, a comprehension reads the slot, and is the faster.
     # Headers matter only to a message with an address (a dead letter's origin).
     found = [spec.address for spec in messages]
     alike = found.count(found[0]) == n  # one address for all: sent once

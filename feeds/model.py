@@ -123,8 +123,9 @@ Part = EmbeddedContent | Blob  # one content of a delivered message
 # contents) share one tuple, and deleting a content gives that message a new one.
 Parts = tuple[Part | None, ...]
 # A message waiting in a rotator or service feed: its queue id when it is in the store,
-# and how many of its leases ran out before it came back to the queue.
-Queued = tuple[MessageSpec, Parts, int | None, int]
+# how many of its leases ran out before it came back to the queue, and its size
+# (:func:`message_size`).
+Queued = tuple[MessageSpec, Parts, int | None, int, int]
 
 
 class StagedContent(Watchable):
@@ -178,7 +179,7 @@ class Message:
         self.arrived = arrived
         self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
         self.durable = durable  # held in the store too (persistent delivery mode)
-        self.size = size  # content bytes, counted against the pipe's byte limit
+        self.size = size  # message_size: what pipe byte limits and the memory budget count
         self.redeliveries = redeliveries  # leases that ran out before it was acknowledged
         self.leased: float | None = None  # monotonic end of the current lease
 
@@ -208,6 +209,7 @@ class Feed(Watchable):
         "configured",
         "domain",
         "had_join",
+        "hidden",
         "joined",
         "joins",
         "key",
@@ -216,7 +218,12 @@ class Feed(Watchable):
         "owner",
         "qback",
         "qfront",
+        "qspill_hi",
+        "qspill_lo",
+        "qspilled",
+        "qspilled_bytes",
         "queue",
+        "queue_bytes",
         "queueing",
         "rr",
         "seen",
@@ -252,14 +259,25 @@ class Feed(Watchable):
         self.owner = owner
         self.configured = configured  # PUT/DELETE give 403 (F17)
         self.joins: dict[str, Join] = {}
-        # The joins in order, kept with ``joins`` (feeds.core): what a fanout feed routes
+        # The joins in order, kept with ``joins`` (feeds.resources): what a fanout feed routes
         # each message to, without a list built per message.
         self.joined: tuple[Join, ...] = ()
         self.by_address: dict[str, list[Join]] = {}  # "" and direct feeds
         self.topic_cache: dict[str, list[Join]] = {}  # topic feeds, cleared on join change
         self.queue: deque[Queued] = deque()  # rotator/service
+        self.queue_bytes = 0  # the sizes of the messages in ``queue``
+        # The first queue entry held back until a publish's commit (feeds.settling):
+        # neither it nor what is behind it is handed out meanwhile. None: none.
+        self.hidden: Queued | None = None
         self.qfront = 0  # queue ids: the next one at the front, the last one at the back
         self.qback = 0
+        # Past the memory budget, queued messages wait on disk, as a pipe's do: queue ids
+        # qspill_lo <= qid < qspill_hi, behind every message of ``queue``, read back a
+        # page at a time when ``queue`` runs empty.
+        self.qspilled = 0
+        self.qspilled_bytes = 0  # bytes (estimated for what a restart found)
+        self.qspill_lo = 0
+        self.qspill_hi = 0
         self.rr = 0  # round-robin cursor
         self.had_join = False  # a service feed deletes itself after its last join (F8)
         self.staged: dict[str, StagedContent] = {}
@@ -279,6 +297,7 @@ class Pipe(Watchable):
         "domain",
         "durable",
         "expiring",
+        "hidden",
         "hook",
         "joins",
         "key",
@@ -319,14 +338,17 @@ class Pipe(Watchable):
         self.owner = owner
         self.joins: dict[str, Join] = {}
         self.messages: dict[int, Message] = {}  # in position order
-        self.next_seq = 1  # the asynclet's position (A3)
+        self.next_seq = 1  # the next position a message takes
+        # Positions from here on are held back until a publish's commit (feeds.settling):
+        # readers see none of them, and this is the asynclet meanwhile. 0: none.
+        self.hidden = 0
         self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
         self.expiring = 0  # messages with an expiration deadline (Q30)
-        self.bytes = 0  # content bytes held in memory
+        self.bytes = 0  # bytes (message_size) held in memory
         # Past the memory budget, messages wait on disk: positions spill_lo <= seq <
         # spill_hi, newer than every message in memory, read back a page at a time.
         self.spilled = 0
-        self.spilled_bytes = 0  # content bytes (estimated for what a restart found)
+        self.spilled_bytes = 0  # bytes (estimated for what a restart found)
         self.spill_lo = 0
         self.spill_hi = 0
         self.loading: asyncio.Future[None] | None = None  # a page being read back
@@ -345,6 +367,15 @@ class Pipe(Watchable):
 
     def oldest(self) -> int | None:
         return next(iter(self.messages), None)
+
+    @property
+    def asynclet(self) -> int:
+        """The position readers wait at (A3): the next one, or the first held back."""
+        return self.hidden or self.next_seq
+
+    def shown(self, seq: int) -> bool:
+        """Whether readers may see position ``seq`` (not held back for a commit)."""
+        return not self.hidden or seq < self.hidden
 
     def full(self, size: int) -> bool:
         """Whether one more message of ``size`` bytes would pass a limit (Q2)."""
@@ -420,8 +451,14 @@ Resource = Feed | Pipe | Join | StagedContent | Slot | PartRef
 Clock = Callable[[], float]
 
 
+def message_size(spec: MessageSpec, parts: Iterable[Part | None]) -> int:
+    """What a message weighs, as pipe and feed-queue byte limits, the memory budget and
+    the byte metrics count it: its contents and its address, properties and headers."""
+    return spec.head_size + content_size(parts)
+
+
 def content_size(parts: Iterable[Part | None]) -> int:
-    """Content bytes of a message, as pipe byte limits count them."""
+    """Content bytes of a message (part of :func:`message_size`)."""
     total = 0
     for part in parts:
         if part is None:

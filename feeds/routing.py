@@ -82,7 +82,11 @@ def matcher(feed_type: str, address: str, headers: tuple[tuple[str, str], ...]) 
         try:
             compiled = re2.compile(address, _RE2_OPTIONS)
         except re2.error as exc:
-            raise BadRequest(f"join address is not a valid RE2 pattern: {exc!s}") from exc
+            # RE2's reason comes as bytes: shown as text, never as a Python repr.
+            why = exc.args[0] if exc.args else ""
+            if isinstance(why, bytes):
+                why = why.decode("utf-8", "replace")
+            raise BadRequest(f"join address is not a valid RE2 pattern: {why}") from exc
         return lambda addr, _h: compiled.fullmatch(addr) is not None
     if feed_type in ("", "direct"):
         return lambda addr, _h: addr == address

@@ -122,6 +122,8 @@ class Snapshot:
     # Messages left on disk past the memory budget: (pipe, first seq, last seq + 1,
     # count, estimated bytes) per pipe, read back a page at a time.
     spills: list[tuple[str, int, int, int, int]] = field(default_factory=list)
+    # The same for feeds' queues: (feed, first queue id, last + 1, count, estimated bytes).
+    queue_spills: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     webhooks: list[tuple[Any, ...]] = field(default_factory=list)  # (pipe, state record)
     epoch: int = 1  # this run's number (non-persistent rows of earlier runs are stale)
 
@@ -279,26 +281,10 @@ class Store:
             "SELECT key, type, title, domain, owner, next_seq, options FROM pipes"
         ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
-        snap.queued = db.execute("SELECT * FROM queued ORDER BY feed, qid").fetchall()
         snap.webhooks = db.execute("SELECT pipe, state FROM webhooks").fetchall()
-        left = budget
-        summary = "SELECT pipe, min(seq), max(seq), count(*) FROM messages GROUP BY pipe"
-        for pipe, low, high, count in db.execute(summary).fetchall():
-            rows: list[tuple[Any, ...]] = []
-            if not budget or left > 0:
-                cursor = db.execute("SELECT * FROM messages WHERE pipe = ? ORDER BY seq", (pipe,))
-                for row in cursor:
-                    rows.append(row)
-                    left -= len(row[3]) + overhead
-                    if budget and left <= 0:
-                        break
-                cursor.close()
-            snap.messages.extend(rows)
-            if count > len(rows):
-                average = sum(len(row[3]) for row in rows) // len(rows) if rows else 1024
-                start = rows[-1][1] + 1 if rows else low
-                rest = count - len(rows)
-                snap.spills.append((pipe, start, high + 1, rest, rest * average))
+        # Pipes' messages first, then feeds' queues, each oldest first, within the budget.
+        left = _read_head(db, _MESSAGES, snap.messages, snap.spills, budget, budget, overhead)
+        _read_head(db, _QUEUED, snap.queued, snap.queue_spills, budget, left, overhead)
 
     def read_page(self, pipe: str, low: int, limit: int) -> list[tuple[int, Any, bytes]]:
         """Up to ``limit`` stored messages of a pipe from position ``low`` on (blocking:
@@ -314,6 +300,31 @@ class Store:
                 ).fetchall()
             except sqlite3.Error as exc:
                 raise StoreError(f"cannot read from the store: {exc}") from exc
+
+    def read_queue_page(
+        self, feed: str, low: int, limit: int, max_bytes: int
+    ) -> list[tuple[int, bytes]]:
+        """Up to ``limit`` stored queued messages of a feed from queue id ``low`` on, and
+        no more than ``max_bytes`` of records past the first (blocking: call from a
+        worker thread). Reads only what has been committed."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = sqlite3.connect(self.path, check_same_thread=False)
+            rows: list[tuple[int, bytes]] = []
+            try:
+                cursor = self._reader.execute(
+                    "SELECT qid, data FROM queued WHERE feed = ? AND qid >= ? ORDER BY qid LIMIT ?",
+                    (feed, low, limit),
+                )
+                for row in cursor:
+                    rows.append(row)
+                    max_bytes -= len(row[1])
+                    if max_bytes <= 0:
+                        break
+                cursor.close()
+            except sqlite3.Error as exc:
+                raise StoreError(f"cannot read from the store: {exc}") from exc
+            return rows
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -410,6 +421,53 @@ class Store:
 
         with contextlib.suppress(RuntimeError):  # the loop may be closed at shut-down
             self._loop.call_soon_threadsafe(done)
+
+
+# What start-up reads stored messages back with: each owner's (pipe's or feed's) first
+# and last positions and count, its rows in order, and which column holds the record.
+_MESSAGES = (
+    "SELECT pipe, min(seq), max(seq), count(*) FROM messages GROUP BY pipe",
+    "SELECT * FROM messages WHERE pipe = ? ORDER BY seq",
+    3,
+)
+_QUEUED = (
+    "SELECT feed, min(qid), max(qid), count(*) FROM queued GROUP BY feed",
+    "SELECT * FROM queued WHERE feed = ? ORDER BY qid",
+    2,
+)
+
+
+def _read_head(
+    db: sqlite3.Connection,
+    table: tuple[str, str, int],
+    rows_out: list[tuple[Any, ...]],
+    spills: list[tuple[str, int, int, int, int]],
+    budget: int,
+    left: int,
+    overhead: int,
+) -> int:
+    """Read each pipe's (or feed queue's) stored messages in order while the budget
+    lasts (``left`` of it; a budget of 0: no limit); what stays on disk is summed up
+    per owner as (owner, first position, last + 1, count, estimated bytes). Returns
+    what is left of the budget."""
+    summary, ordered, data = table
+    for key, low, high, count in db.execute(summary).fetchall():
+        rows: list[tuple[Any, ...]] = []
+        if not budget or left > 0:
+            cursor = db.execute(ordered, (key,))
+            for row in cursor:
+                rows.append(row)
+                left -= len(row[data]) + overhead
+                if budget and left <= 0:
+                    break
+            cursor.close()
+        rows_out.extend(rows)
+        if count > len(rows):
+            average = sum(len(row[data]) for row in rows) // len(rows) if rows else 1024
+            start = rows[-1][1] + 1 if rows else low
+            rest = count - len(rows)
+            spills.append((key, start, high + 1, rest, rest * average))
+    return left
 
 
 def _version(db: sqlite3.Connection) -> int | None:

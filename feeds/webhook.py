@@ -1,7 +1,7 @@
 """The delivery state of a webhook pipe: a state machine as data, and what it persists.
 
 A webhook pipe (docs/WEBHOOKS.md) is read by the gateway itself, which POSTs each
-message to the pipe's callback. The gateway's worker (``gateway/webhooks.py``) does
+message to the pipe's callback. The gateway's worker (``gateway/webhooks/delivery.py``) does
 the HTTP; this module holds the state it reports, so that the engine can show it in
 the pipe document and keep it in the store across restarts.
 

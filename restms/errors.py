@@ -17,10 +17,12 @@ with ``raise ... from exc``, so the cause stays in the traceback.
     ├── PreconditionFailed           412  If-Match / If-Unmodified-Since failed
     ├── PayloadTooLarge              413  body, document or count over a configured limit
     ├── UnsupportedMediaType         415  body in a media type we do not parse
+    ├── MisdirectedRequest           421  a Host this gateway does not serve
     ├── UnprocessableContent         422  an Idempotency-Key reused for another request
     ├── TooManyRequests              429  rate limit or concurrent waits (carries Retry-After)
     ├── NotImplementedFeature        501  a feature we do not offer
     └── ServiceUnavailable           503  queue full, wait expired (carries Retry-After)
+        └── NotCommitted             503  the store failed a commit: the change was not kept
 """
 
 from __future__ import annotations
@@ -94,6 +96,12 @@ class UnsupportedMediaType(RestMSError):
     status = 415
 
 
+class MisdirectedRequest(RestMSError):
+    """A request for a host this server does not answer for (RFC 9110 7.4)."""
+
+    status = 421
+
+
 class UnprocessableContent(RestMSError):
     status = 422
 
@@ -118,3 +126,8 @@ class ServiceUnavailable(RestMSError):
         self.retry_after = retry_after
         # A9 legacy mode answers an expired wait with 500; everything else keeps 503.
         self.status = status
+
+
+class NotCommitted(ServiceUnavailable):
+    """A change the engine could not commit to its store, and so did not keep (a
+    publish is withdrawn whole): the caller may make it again once the store is back."""

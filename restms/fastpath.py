@@ -17,8 +17,7 @@ import orjson
 
 from . import decode, specs
 from .document import NAMESPACE, ROOT
-from .errors import BadRequest
-from .jsoncodec import NAMES, is_name, may_hold_controls
+from .jsoncodec import NAMES, is_name, json_document, load, may_hold_controls, unique_keys
 from .media import Format
 from .specs import (
     Content,
@@ -37,11 +36,11 @@ from .specs import (
     message_head,
 )
 from .xmlcodec import CodecLimits, local_tag, parse_root
-from .xmlscan import Scanned, Tag, scan
+from .xmlscan import SHARED_ATTRIBUTES, Scanned, Tag, scan
 
 _T = TypeVar("_T")
-# Format.JSON is read through EnumType.__getattr__'s hook on Python 3.11, some 900
-# instructions a time; a module constant is one global load (both run per publish).
+# Format.JSON is read through the enum class's __getattr__ hook on Python 3.11, slow
+# for something read on every publish; a module constant is a plain global.
 _JSON = Format.JSON
 
 
@@ -49,6 +48,12 @@ def messages(
     body: bytes, fmt: Format, codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...]:
     """Every message of a publish body (M5, M12): directly when it can, else generically."""
+    if fmt is _JSON:  # parsed once for both paths: parsing is most of a large body's cost
+        data = load(body)
+        found = _from_json(data, body, codec, limits)
+        if found is None:
+            found = specs.messages(json_document(data, body, codec), limits)
+        return found
     found = direct(body, fmt, codec, limits)
     if found is None:  # an unusual shape, or an error to word: the generic path decides
         found = specs.messages(decode(body, fmt, codec), limits)
@@ -60,11 +65,29 @@ def direct(
 ) -> tuple[MessageSpec, ...] | None:
     """The messages of a publish body, or None when the generic path must decide."""
     if fmt is _JSON:
-        return _from_json(body, codec, limits)
-    scanned = scan(body)
-    if scanned is not None:
-        return _from_scan(scanned, codec, limits)
+        return _from_json(load(body), body, codec, limits)
+    try:
+        # Under a limit so low that a shared tag may pass it, what was remembered of
+        # shared tags (under another limit) cannot be trusted: read the tree instead.
+        fits = codec.max_attributes >= SHARED_ATTRIBUTES
+        scanned = scan(body, limits.max_messages) if fits else None
+        if scanned is not None:
+            return _from_scan(scanned, codec, limits)
+    except _Generic:
+        return None
     return _from_tree(body, codec, limits)
+
+
+class _Generic(Exception):
+    """A tag the scanner read that the generic path must word the refusal of."""
+
+
+def _attrs(tag: Tag, most: int) -> dict[str, str]:
+    """The attributes of a tag not remembered yet (so perhaps not shared): within
+    ``most``, or :class:`_Generic`."""
+    if len(tag.attrs) > most:
+        raise _Generic
+    return tag.attrs
 
 
 def _namespaced(attrs: Any) -> bool:
@@ -91,13 +114,16 @@ def _from_scan(
     elements = 0
     tally = _may_pass(count, codec, limits)
     heads, known_headers, known_contents = _HEADS, _HEADERS, _CONTENTS
+    # Only tags not remembered yet have their attributes counted: shared tags have
+    # fewer than SHARED_ATTRIBUTES, which direct() made sure is within the limit.
+    most = codec.max_attributes
     for head_tag, header_tags, content_items in scanned:
         head = heads.get(head_tag)
         if head is None:
-            head = _remember(heads, head_tag, message_head(head_tag.attrs))
+            head = _remember(heads, head_tag, message_head(_attrs(head_tag, most)))
         headers = (
             [
-                known_headers.get(tag) or _remember(known_headers, tag, header(tag.attrs))
+                known_headers.get(tag) or _remember(known_headers, tag, header(_attrs(tag, most)))
                 for tag in header_tags
             ]
             if header_tags
@@ -107,7 +133,7 @@ def _from_scan(
         for tag, text in content_items:
             found = known_contents.get(tag)
             if found is None:
-                attrs = tag.attrs
+                attrs = _attrs(tag, most)
                 found = _remember(
                     known_contents,
                     tag,
@@ -139,6 +165,9 @@ def _from_tree(
     root = parse_root(body)  # hardening and its errors are the generic path's own
     if not 0 < len(root) <= min(limits.max_messages, codec.max_elements):
         return None  # no message, or over a limit: the generic path words the error
+    most = codec.max_attributes  # lxml's attribute maps count in one pass, in C
+    if len(root.attrib) > most:
+        return None
     # A namespaced attribute needs a declared prefix: without one, skip that check.
     prefixed = b"xmlns:" in body
     out: list[MessageSpec] = []
@@ -155,7 +184,7 @@ def _from_tree(
                 return None
             kind = local_tag(kind)
             attrs: Any = child.attrib
-            if prefixed and _namespaced(attrs):
+            if len(attrs) > most or (prefixed and _namespaced(attrs)):
                 return None
             if kind == "content":
                 contents.append(
@@ -167,15 +196,18 @@ def _from_tree(
                 return None
         elements += 1 + len(headers) + len(contents)
         attrs = node.attrib
-        if prefixed and _namespaced(attrs):
+        if len(attrs) > most or (prefixed and _namespaced(attrs)):
             return None
         out.append(build_message(attrs, headers, contents, limits))
     return tuple(out) if elements <= codec.max_elements else None
 
 
-def _strings(obj: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, str] | None:
-    """The properties of a JSON element when all are strings (J3), else None. With
-    nothing to skip (a header or a content), the element itself: it is only read."""
+def _strings(obj: dict[str, Any], most: int, skip: tuple[str, ...] = ()) -> dict[str, str] | None:
+    """The properties of a JSON element when all are strings (J3) and its keys are at
+    most ``most``, else None. With nothing to skip (a header or a content), the
+    element itself: it is only read."""
+    if len(obj) > most:
+        return None
     attrs: dict[str, str] | None = {} if skip else None
     names = NAMES
     for key, value in obj.items():
@@ -202,20 +234,17 @@ def _json_head(attrs: dict[str, str]) -> Head:
     head = _JSON_HEADS.get(key)
     if head is None:
         head = message_head(attrs)
-        if len(key) <= 4 and len(_JSON_HEADS) < 1024 and sum(map(len, attrs.values())) <= 256:
+        size = sum(map(len, attrs.values())) + sum(map(len, attrs))  # names are clients' too
+        if len(key) <= 4 and len(_JSON_HEADS) < 1024 and size <= 256:
             _JSON_HEADS[key] = head
     return head
 
 
 def _from_json(
-    body: bytes, codec: CodecLimits, limits: MessageLimits
+    data: Any, body: bytes, codec: CodecLimits, limits: MessageLimits
 ) -> tuple[MessageSpec, ...] | None:
     if may_hold_controls(body):
         return None  # strings need the XML character check of the generic path
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"malformed JSON: {exc}") from exc
     root = data.get("restms") if isinstance(data, dict) else None
     if not isinstance(root, dict) or len(root) != 1:
         return None
@@ -225,10 +254,12 @@ def _from_json(
     out: list[MessageSpec] = []
     elements = 0
     tally = _may_pass(len(items), codec, limits)
+    most = codec.max_attributes
+    keys = len(data) + 1  # the keys read (the root's one; the messages' at the end)
     for item in items:
         if type(item) is not dict:
             return None
-        attrs = _strings(item, _PARTS)
+        attrs = _strings(item, most, _PARTS)
         if attrs is None:
             return None
         header_items = item.get("header", _ABSENT)
@@ -238,14 +269,16 @@ def _from_json(
         headers: list[tuple[str, str]] = []
         contents: list[Content] = []
         for entry in header_items:
-            fields = _strings(entry) if isinstance(entry, dict) else None
+            fields = _strings(entry, most) if isinstance(entry, dict) else None
             if fields is None:
                 return None
+            keys += len(fields)
             headers.append(header(fields))
         for entry in content_items:
-            fields = _strings(entry) if type(entry) is dict else None
+            fields = _strings(entry, most) if type(entry) is dict else None
             if fields is None or ("value" in fields and "#text" in fields):
                 return None
+            keys += len(fields)
             key = (fields.get("href"), fields.get("type"), fields.get("encoding"))
             found = _JSON_CONTENTS.get(key)
             if found is None:
@@ -257,7 +290,9 @@ def _from_json(
         if tally:
             elements += 1 + len(headers) + len(contents)
         out.append(checked_message(_json_head(attrs), headers, contents, limits))
-    return tuple(out) if elements <= codec.max_elements else None
+    if elements > codec.max_elements or not unique_keys(body, keys + sum(map(len, items))):
+        return None  # a repeated key too: the generic path words the refusal
+    return tuple(out)
 
 
 def counts(values: list[int], fmt: Format) -> bytes:

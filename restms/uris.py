@@ -2,8 +2,9 @@
 
 Public resources: ``/restms/domain/{name}`` and ``/restms/feed/{name}``; everything
 private: ``/restms/resource/{hash}``. URIs the server emits are absolute, built from
-the request's own scheme and ``Host`` (U4). URIs clients send inside documents may be
-absolute or path-only and are resolved by path alone (U5).
+the configured public origin or the request's own scheme and ``Host`` (U4). URIs
+clients send inside documents may be absolute or path-only and are resolved by path
+alone (U5).
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ class WebhookOptions:
     """
 
     callback: str | None = None
-    secret: str | None = None
+    # Never in a repr: the options travel in the engine service's values, which a log
+    # line or a traceback may show.
+    secret: str | None = dataclasses.field(default=None, repr=False)
     concurrency: int | None = None
     timeout: float | None = None
     max_attempts: int | None = None

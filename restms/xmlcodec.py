@@ -4,7 +4,11 @@ Parsing is defensive because bodies come from the open internet:
 
 * no DTD is loaded, no entity is resolved, no network is touched, and a document
   that declares a DOCTYPE at all is refused (billion-laughs and XXE both need one);
-* nesting depth and element count are bounded (:class:`CodecLimits`);
+* nesting depth, element count and attributes per element are bounded
+  (:class:`CodecLimits`). The attributes are counted before they are read: lxml
+  finds each attribute's value by walking the element's attribute list, so reading
+  them all (``dict(attrib)``, even ``items()``) takes time quadratic in their number,
+  where counting them is one walk;
 * namespaces are ignored and names matched on their local part (G3, L1);
 * whitespace-only text is dropped; only ``<content>`` keeps its text (G7).
 
@@ -14,13 +18,16 @@ white space that attribute normalisation would otherwise change (G5).
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
+from typing import cast
 
 from lxml import etree
 
 from .document import NAMESPACE, ROOT, TEXT_ELEMENTS, Document, Element
 from .errors import BadRequest
+from .specs import PROPERTIES
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -29,15 +36,16 @@ class CodecLimits:
 
     max_depth: int = 16
     max_elements: int = 200_000
+    max_attributes: int = 64  # on one element; a JSON object's keys count as its attributes
 
     def __post_init__(self) -> None:
-        if self.max_depth < 3 or self.max_elements < 1:
+        if self.max_depth < 3 or self.max_elements < 1 or self.max_attributes < 1:
             raise ValueError("codec limits too small to hold a message document")
 
 
 DEFAULT_LIMITS = CodecLimits()
 
-# lxml parser objects must not be shared between threads: keep one per thread.
+# lxml parser and XPath objects must not be shared between threads: one per thread.
 _local = threading.local()
 
 
@@ -58,6 +66,14 @@ def _parser() -> etree.XMLParser:
     return parser
 
 
+def _elements(root: etree._Element) -> float:
+    """How many elements the tree holds, its root included (XPath counts in C)."""
+    counter: etree.XPath | None = getattr(_local, "counter", None)
+    if counter is None:
+        counter = _local.counter = etree.XPath("count(//*)")
+    return cast(float, counter(root))
+
+
 def _local_name(name: str) -> str:
     return name.rpartition("}")[2] if name[:1] == "{" else name
 
@@ -65,8 +81,36 @@ def _local_name(name: str) -> str:
 def parse_xml(body: bytes, limits: CodecLimits = DEFAULT_LIMITS) -> Document:
     """Decode an XML RestTL document, or raise :class:`BadRequest` saying why."""
     root = parse_root(body)
-    budget = [limits.max_elements]
-    return Document(elements=_children(root, 1, limits.max_depth, budget))
+    if len(root.attrib) > limits.max_attributes:
+        raise too_many_attributes(ROOT, limits.max_attributes)
+    # Counted in C before any is read: a document over the limit costs no more than
+    # its parse (the root is not one of the elements).
+    if _elements(root) > limits.max_elements + 1:
+        raise BadRequest("document has too many elements")
+    return Document(elements=_children(root, 1, limits, _NONE))
+
+
+def too_many_attributes(tag: str, most: int) -> BadRequest:
+    """The refusal of an element with more than ``most`` attributes (JSON: keys)."""
+    return BadRequest(f"element <{tag}> has more than {most} attributes")
+
+
+# lxml's message: libxml2's, then ", line L, column C"; libxml2's own often ends with
+# " line L" too (where the tag it speaks of began), the same line when that is the line
+# of the error: said once.
+_SYNTAX_AT = re.compile(r"(.*?)(?: line (\d+))?, line (\d+), column (\d+)", re.S)
+
+
+def syntax_error(message: str) -> str:
+    """``"Couldn't find end of Start Tag feed line 1, line 1, column 14"`` ->
+    ``"Couldn't find end of Start Tag feed at line 1, column 14"``."""
+    found = _SYNTAX_AT.fullmatch(message)
+    if found is None:
+        return message
+    text, began, line, column = found.groups()
+    if began is not None and began != line:
+        text += f" (begun on line {began})"
+    return f"{text} at line {line}, column {column}"
 
 
 def parse_root(body: bytes) -> etree._Element:
@@ -76,7 +120,7 @@ def parse_root(body: bytes) -> etree._Element:
     try:
         root = etree.fromstring(body, _parser())
     except etree.XMLSyntaxError as exc:
-        raise BadRequest(f"malformed XML: {exc.msg}") from exc
+        raise BadRequest(f"malformed XML: {syntax_error(exc.msg)}") from exc
     except ValueError as exc:
         raise BadRequest(f"malformed XML: {exc}") from exc
     if getattr(root.getroottree().docinfo, "doctype", ""):
@@ -93,26 +137,31 @@ def local_tag(tag: str) -> str:
     local = _LOCAL.get(tag)
     if local is None:
         local = _local_name(tag)
-        if len(_LOCAL) < 256:  # tags are client-chosen: keep the cache bounded
+        if len(_LOCAL) < 256 and len(tag) <= 256:  # client-chosen: keep the cache small
             _LOCAL[tag] = local
     return local
 
 
 def _children(
-    node: etree._Element, depth: int, max_depth: int, budget: list[int]
+    node: etree._Element, depth: int, limits: CodecLimits, properties: frozenset[str]
 ) -> tuple[Element, ...]:
+    """The elements under ``node``, whose properties (as :data:`restms.specs.PROPERTIES`
+    has them) are ``properties``."""
+    max_depth, most = limits.max_depth, limits.max_attributes
     out = []
     for child in node:
         tag = child.tag
         if not isinstance(tag, str):  # an unresolved entity reference or similar
             continue
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise BadRequest("document has too many elements")
         if depth >= max_depth:
             raise BadRequest(f"document nested deeper than {max_depth} levels")
         local = local_tag(tag)
-        attrs: dict[str, str] = dict(child.attrib)  # type: ignore[arg-type]
+        if local in properties:  # a property written as a child: refused as in JSON (J3)
+            parent = local_tag(node.tag)
+            raise BadRequest(f'property "{local}" of <{parent}> must be an attribute')
+        if len(child.attrib) > most:  # counted first: reading them is quadratic
+            raise too_many_attributes(local, most)
+        attrs: dict[str, str] = dict(child.items())  # type: ignore[arg-type]
         for key in attrs:
             if key[0] == "{":  # a namespaced attribute: match on its local name (G3)
                 attrs = {_local_name(k): v for k, v in attrs.items()}
@@ -126,9 +175,12 @@ def _children(
                 text = "".join([child.text or "", *(str(k.tail or "") for k in child)]) or None
             else:
                 text = child.text or None
-        kids = _children(child, depth + 1, max_depth, budget) if nested else ()
+        kids = _children(child, depth + 1, limits, PROPERTIES.get(local, _NONE)) if nested else ()
         out.append(Element(local, attrs, kids, text))
     return tuple(out)
+
+
+_NONE: frozenset[str] = frozenset()
 
 
 _HEAD = f"<?xml version='1.0' encoding='UTF-8'?>\n<{ROOT} xmlns=\"{NAMESPACE}\"".encode()

@@ -27,13 +27,15 @@ of a character class that excludes the character that ends it.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 # lxml (without huge_tree) refuses a text node over 10,000,000 bytes; stay below it.
 MAX_BODY = 10_000_000
 
 _WS = r"[ \t\r\n]"
-_NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
+# Names of at most 256 characters (libxml2 allows 50,000): longer ones go to lxml.
+_NAME = r"[A-Za-z_][A-Za-z0-9_.-]{0,255}"
 _VALUE = r"(?:\"[^\"<\x00-\x1f]*\"|'[^'<\x00-\x1f]*')"
 # The root may declare the RestMS namespace and no other (lxml checks other URIs).
 _NS_VALUE = r"([\"'])http://www\.restms\.org/schema/restms\4"
@@ -65,21 +67,21 @@ _MESSAGE = re.compile(
 _MESSAGE_TAIL = re.compile(rf"</content>{_WS}*+</message>{_WS}*+")
 _RAW_TAGS = re.compile(r"<[^>]*+>")  # as _MESSAGE cuts them: each is checked by _TAG
 # Most documents open with _ROOT and a message of the common shape: one match reads
-# both, in place of a literal test, a slice and a match of _MESSAGE (a regex call costs
-# some 2,500 instructions before it reads a character). Most hold that message alone:
+# both, in place of a literal test, a slice and a match of _MESSAGE (each regex call
+# has a fixed start-up cost that a small body feels). Most hold that message alone:
 # then they end with _END, compared as a literal instead of matching _ROOT_END.
 _FIRST = re.compile(re.escape(_ROOT) + _MESSAGE.pattern)
 _END = "</restms>"
 
 # What XML forbids in text or would rewrite: controls, CR, U+FFFE, U+FFFF, "]]>", and
 # any '&' that does not start one of the five predefined entities. All are whole-body
-# checks chosen for speed. Controls: bytes.translate with a table that turns each of
-# them into a space copies the body at under 1 ns a byte (a character-class search
-# costs 3 ns, str.isprintable 3), and gives back the body itself when nothing changed,
-# so that the comparison is then an identity test: some 10 instructions a byte, 30 %
-# fewer than deleting them and comparing lengths. Past a few KiB, one str.find per
-# control character is faster still (each runs at memchr speed, some 0.01 ns a byte,
-# after a fixed cost of about 50 ns that small bodies do not repay).
+# checks chosen for speed (the figures are in docs/BENCHMARKS.md, "Why the fast paths
+# look as they do"). Controls: bytes.translate with a table that turns each of them
+# into a space copies the body in C and gives back the body itself when nothing
+# changed, so that the comparison is then an identity test; that beats a
+# character-class search, str.isprintable, and deleting them and comparing lengths.
+# Past a few KiB, one str.find per control character is faster still: each runs at
+# memchr speed, after a fixed cost that small bodies do not repay.
 _CONTROLS = bytes([*range(0x09), 0x0B, 0x0C, *range(0x0D, 0x20)])
 _CONTROLS_TO_SPACES = bytes.maketrans(_CONTROLS, b" " * len(_CONTROLS))
 _CONTROL_CHARS = tuple(map(chr, _CONTROLS))
@@ -132,6 +134,11 @@ def _read_tag(raw: str, shared: bool) -> Tag | None:
 
 
 _SEEN: dict[str, Tag | None] = {}
+_SHARED_LENGTH = 256  # characters of a tag's text, at most, for it to be shared
+# Each attribute takes five characters at least (' a=""'), so a shared tag has fewer
+# attributes than this; a builder that remembers what it made of shared tags need only
+# count the attributes of the others, while its limit is not below this.
+SHARED_ATTRIBUTES = _SHARED_LENGTH // 5
 
 
 def _tag(raw: str) -> Tag | None:
@@ -140,7 +147,7 @@ def _tag(raw: str) -> Tag | None:
         return _SEEN[raw]
     except KeyError:
         pass
-    shared = len(raw) <= 256 and len(_SEEN) < 1024  # client-chosen: keep the cache bounded
+    shared = len(raw) <= _SHARED_LENGTH and len(_SEEN) < 1024  # client-chosen: keep it small
     tag = _read_tag(raw, shared)
     if shared:
         _SEEN[raw] = tag
@@ -179,10 +186,12 @@ def _plain(body: bytes, text: str) -> bool:
     )
 
 
-def scan(body: bytes) -> list[Scanned] | None:
+def scan(body: bytes, most: int = sys.maxsize) -> list[Scanned] | None:
     """Each message's start tag, header tags and contents, or None (ask lxml).
 
     A content is its start tag and its text (None when it has none, as lxml says).
+    More than ``most`` messages is None too: the caller would refuse them, and reading
+    on through a body of tiny messages would be work for nothing.
     """
     if len(body) > MAX_BODY:
         return None
@@ -213,6 +222,8 @@ def scan(body: bytes) -> list[Scanned] | None:
             message, end = _whole(whole, text, seen)
             if message is not None:
                 out.append(message)
+                if len(out) > most:
+                    return None
                 pos = end
                 continue
         if text.startswith("</", pos):
@@ -221,6 +232,8 @@ def scan(body: bytes) -> list[Scanned] | None:
         if step is None:
             return None  # anything else, even "<message a='>'>": lxml decides
         out.append(step[0])
+        if len(out) > most:
+            return None
         pos = _SPACE.match(text, step[1]).end()  # type: ignore[union-attr]  # always matches
 
 

@@ -32,13 +32,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import marshal
-import operator
 import os
 import signal
 import time
 from array import array
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from typing import Final
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -46,6 +46,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .schema import (
+    COLUMNS,
     DROP,
     FULL,
     OK,
@@ -55,7 +56,6 @@ from .schema import (
     ROUTED,
     ROUTED_ROWS,
     ROWS,
-    SCHEMA,
     TS,
     Event,
     Request,
@@ -65,9 +65,31 @@ from .schema import (
     routed_events,
     temporary,
 )
+from .writer import MAX_ERROR, STOP, WriterConfig
+from .writer import count_rows as rows
 
-MAX_ERROR = 500  # characters of an error kept in the status
-STOP = "stop"  # the last request; any other string asks for a flush
+SCHEMA: Final = pa.schema(
+    [
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("event", pa.string(), nullable=False),
+        pa.field("domain", pa.string(), nullable=False),
+        pa.field("feed", pa.string(), nullable=False),
+        pa.field("feed_type", pa.string(), nullable=False),
+        pa.field("address", pa.string()),
+        pa.field("pipe", pa.string()),
+        pa.field("message_id", pa.string()),
+        pa.field("size", pa.int64(), nullable=False),
+        pa.field("principal", pa.string()),
+        pa.field("outcome", pa.string(), nullable=False),
+        pa.field("latency_ms", pa.float64()),
+        pa.field("bridge", pa.string()),
+    ]
+)
+if tuple(SCHEMA.names) != COLUMNS:
+    raise ImportError("spark_sink.lake.SCHEMA does not name spark_sink.schema.COLUMNS")
+
+# The partition columns Spark derives from the directory names.
+PARTITIONS: Final = pa.schema([pa.field("date", pa.string()), pa.field("hour", pa.int32())])
 
 FileErrors = (OSError, pa.ArrowException, ValueError, TypeError)
 # Columns with few distinct values, dictionary-encoded; times, ids, sizes and latencies
@@ -85,17 +107,6 @@ class LakeCounters:
     errors: int = 0  # failed attempts at writing a file
     lost: int = 0  # rows those failures lost
     last_error: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WriterConfig:
-    """The settings of the writer process (``mirror_*``; see :mod:`spark_sink.mirror`)."""
-
-    lake: str
-    rotate_bytes: int
-    rotate_seconds: float
-    batch_rows: int
-    poll_seconds: float
 
 
 def lake_filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -443,19 +454,6 @@ class Lake:
         counters.errors += 1
         counters.lost += rows
         counters.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
-
-
-_MARK = operator.itemgetter(1)  # an event's kind, or a request record's mark
-
-
-def rows(items: list[Event | Request | Routed]) -> int:
-    """The rows a batch of events and records stands for."""
-    marks = list(map(_MARK, items))  # the common batch (events, Routed records): in C
-    count = len(items) + marks.count(ROUTED) * (ROUTED_ROWS - 1)
-    if REQUEST not in marks:
-        return count
-    extra = [item[ROWS] for item in items if item[1] == REQUEST]
-    return count - len(extra) + sum(extra)  # type: ignore[arg-type]  # ints by the mark
 
 
 def serve(conn: Connection, config: WriterConfig) -> None:

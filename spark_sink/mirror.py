@@ -36,9 +36,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .lake import WriterConfig
 from .schema import Event, Request, Routed
-from .writer import Counters, Writer
+from .writer import Counters, Writer, WriterConfig
 
 log = logging.getLogger(__name__)
 

@@ -96,6 +96,8 @@ def spark_schema(partitions: bool = True) -> StructType:
     """The lake's Spark schema: the event columns, then the partition columns."""
     from pyspark.sql import types as T
 
+    from .lake import PARTITIONS, SCHEMA
+
     kinds = {
         "timestamp[us, tz=UTC]": T.TimestampType(),
         "string": T.StringType(),
@@ -103,7 +105,7 @@ def spark_schema(partitions: bool = True) -> StructType:
         "int32": T.IntegerType(),
         "double": T.DoubleType(),
     }
-    fields = list(schema.SCHEMA) + (list(schema.PARTITIONS) if partitions else [])
+    fields = list(SCHEMA) + (list(PARTITIONS) if partitions else [])
     return T.StructType([T.StructField(f.name, kinds[str(f.type)], f.nullable) for f in fields])
 
 

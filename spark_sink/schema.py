@@ -24,8 +24,6 @@ import datetime
 import secrets
 from typing import Final
 
-import pyarrow as pa
-
 # What happened to a message; one row per event.
 PUBLISH: Final = "publish"  # a message accepted by a feed (outcome "ok" or "duplicate")
 ROUTE: Final = "route"  # a copy placed in one matching pipe
@@ -56,28 +54,24 @@ EVENTS: Final = (
 OK: Final = "ok"
 FULL: Final = "full"  # the outcome of a drop: the pipe was full and skipped the copy
 
-SCHEMA: Final = pa.schema(
-    [
-        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("event", pa.string(), nullable=False),
-        pa.field("domain", pa.string(), nullable=False),
-        pa.field("feed", pa.string(), nullable=False),
-        pa.field("feed_type", pa.string(), nullable=False),
-        pa.field("address", pa.string()),
-        pa.field("pipe", pa.string()),
-        pa.field("message_id", pa.string()),
-        pa.field("size", pa.int64(), nullable=False),
-        pa.field("principal", pa.string()),
-        pa.field("outcome", pa.string(), nullable=False),
-        pa.field("latency_ms", pa.float64()),
-        pa.field("bridge", pa.string()),
-    ]
+# The columns of an event, in order; their Arrow types are :data:`spark_sink.lake.SCHEMA`
+# (pyarrow is loaded only where files are written or read, not in the gateway).
+COLUMNS: Final = (
+    "ts",
+    "event",
+    "domain",
+    "feed",
+    "feed_type",
+    "address",
+    "pipe",
+    "message_id",
+    "size",
+    "principal",
+    "outcome",
+    "latency_ms",
+    "bridge",
 )
-COLUMNS: Final = tuple(SCHEMA.names)
 TS: Final = 0  # the position of ts in an event tuple
-
-# The partition columns Spark derives from the directory names.
-PARTITIONS: Final = pa.schema([pa.field("date", pa.string()), pa.field("hour", pa.int32())])
 
 Event = tuple[
     float,  # ts: seconds since the epoch, wall clock

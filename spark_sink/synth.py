@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import schema
+from .lake import SCHEMA
 
 BLOCK = 100_000  # events built in Python; the rest are shifted copies
 
@@ -39,10 +40,10 @@ def table(rows: Sequence[schema.Event]) -> pa.Table:
     """Event tuples as an Arrow table of the lake's schema."""
     columns: list[Any] = list(zip(*rows, strict=True)) if rows else [[]] * len(schema.COLUMNS)
     micros = [round(ts * 1_000_000) for ts in columns[schema.TS]]
-    arrays = [pa.array(micros, pa.int64()).cast(schema.SCHEMA.field("ts").type)]
+    arrays = [pa.array(micros, pa.int64()).cast(SCHEMA.field("ts").type)]
     for index, name in enumerate(schema.COLUMNS[1:], start=1):
-        arrays.append(pa.array(columns[index], schema.SCHEMA.field(name).type))
-    return pa.Table.from_arrays(arrays, schema=schema.SCHEMA)
+        arrays.append(pa.array(columns[index], SCHEMA.field(name).type))
+    return pa.Table.from_arrays(arrays, schema=SCHEMA)
 
 
 def write(lake: Path, rows: Iterable[schema.Event]) -> list[Path]:
@@ -112,7 +113,7 @@ def generate(lake: Path, count: int, *, start: float, hours: int, seed: int = 8)
     for hour in range(hours):
         wanted = per_hour + (1 if hour < extra else 0)
         shifted = pc.cast(pc.add(ts, int((start + hour * 3600) * 1_000_000)), pa.int64())
-        one = base.set_column(0, "ts", shifted.cast(schema.SCHEMA.field("ts").type))
+        one = base.set_column(0, "ts", shifted.cast(SCHEMA.field("ts").type))
         copies = [one] * (wanted // BLOCK) + (
             [one.slice(0, wanted % BLOCK)] if wanted % BLOCK else []
         )

@@ -24,6 +24,7 @@ import itertools
 import logging
 import marshal
 import multiprocessing
+import operator
 import threading
 import time
 from collections import deque
@@ -32,9 +33,43 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .lake import MAX_ERROR, STOP, WriterConfig, serve
-from .lake import rows as count_rows
-from .schema import Event, Request, Routed
+from .schema import REQUEST, ROUTED, ROUTED_ROWS, ROWS, Event, Request, Routed
+
+MAX_ERROR = 500  # characters of an error kept in the status
+STOP = "stop"  # the last request; any other string asks for a flush
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WriterConfig:
+    """The settings of the writer process (``mirror_*``; see :mod:`spark_sink.mirror`)."""
+
+    lake: str
+    rotate_bytes: int
+    rotate_seconds: float
+    batch_rows: int
+    poll_seconds: float
+
+
+_MARK = operator.itemgetter(1)  # an event's kind, or a request record's mark
+
+
+def count_rows(items: list[Event | Request | Routed]) -> int:
+    """The rows a batch of events and records stands for."""
+    marks = list(map(_MARK, items))  # the common batch (events, Routed records): in C
+    count = len(items) + marks.count(ROUTED) * (ROUTED_ROWS - 1)
+    if REQUEST not in marks:
+        return count
+    extra = [item[ROWS] for item in items if item[1] == REQUEST]
+    return count - len(extra) + sum(extra)  # type: ignore[arg-type]  # ints by the mark
+
+
+def serve(conn: Connection, config: WriterConfig) -> None:
+    """The writer process's entry: :func:`spark_sink.lake.serve`, imported there (the
+    fork server has it loaded) so that the gateway's process never loads pyarrow."""
+    from .lake import serve as write
+
+    write(conn, config)
+
 
 log = logging.getLogger(__name__)
 
@@ -132,8 +167,8 @@ class Writer:
 
     def _send_queued(self) -> None:
         queue = self._queue
-        # Only what is queued now: the event loop's thread appends meanwhile. Popped in C
-        # (no Python step an item), as the thread holds the GIL while it takes them.
+        # Only what is queued now: the event loop's thread appends meanwhile. Popped in
+        # C, so that this thread holds the GIL as briefly as it can while it takes them.
         items: list[Event | Request | Routed] = list(
             itertools.islice(iter(queue.popleft, None), len(queue))
         )

@@ -14,12 +14,15 @@ import pytest
 from aiohttp import web
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from feeds.embedded import EmbeddedEngine
 from feeds.engine import Engine
-from gateway.app import build_app
-from gateway.config import Config
-from gateway.connections import GatewayRunner
-from gateway.keys import ENGINE
-from gateway.server import make_runner, start_site
+from feeds.store import Store
+from gateway.server.app import build_app
+from gateway.server.config import Config
+from gateway.server.connections import GatewayRunner
+from gateway.server.keys import SERVICE
+from gateway.server.run import make_runner, start_site
+from main import open_engine
 
 
 @dataclasses.dataclass
@@ -39,8 +42,22 @@ class Gateway:
             await runner.cleanup()
 
     @property
+    def embedded(self) -> EmbeddedEngine:
+        """The app's engine service, which the tests know to be the embedded engine."""
+        service = self.app[SERVICE]
+        assert isinstance(service, EmbeddedEngine)
+        return service
+
+    @property
     def engine(self) -> Engine:
-        return self.app[ENGINE]
+        """The embedded engine's live state, for tests that look behind the service."""
+        return self.embedded.engine
+
+    @property
+    def store(self) -> Store:
+        store = self.embedded.store
+        assert store is not None, "this gateway keeps nothing (store = memory)"
+        return store
 
     def uri(self, path: str) -> str:
         return self.url + path
@@ -71,7 +88,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 async def serve(config: Config) -> tuple[web.Application, GatewayRunner, str]:
     """Build and start a gateway on 127.0.0.1 as production does; its app, runner, URL."""
-    app = build_app(config)
+    app = build_app(config, open_engine(config))
     runner = make_runner(app, config)
     await runner.setup()
     try:
@@ -94,7 +111,7 @@ def blockbuster() -> Iterator[BlockBuster]:
 async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterator[MakeGateway]:
     """Start real gateways on 127.0.0.1 (random ports) with config overrides.
 
-    Built as production builds them (``gateway.server``). With ``tls_cert`` and
+    Built as production builds them (``gateway.server.run``). With ``tls_cert`` and
     ``tls_key`` overrides the gateway serves HTTPS; ``client_ssl`` is then the context
     its client session verifies the server with.
     """

@@ -36,9 +36,9 @@ async def delete(gw: Gateway, uri: str) -> int:
         return r.status
 
 
-async def new_pipe(gw: Gateway, kind: str | None = None) -> dict[str, Any]:
-    """Create a pipe; its element, plus ``uri`` (the Location)."""
-    spec = {} if kind is None else {"type": kind}
+async def new_pipe(gw: Gateway, kind: str | None = None, **options: str) -> dict[str, Any]:
+    """Create a pipe (with these attributes); its element, plus ``uri`` (the Location)."""
+    spec = options if kind is None else {"type": kind, **options}
     status, reply, location = await post(gw, DOMAIN, pipe=[spec])
     assert status == 201, reply
     pipe: dict[str, Any] = reply["restms"]["pipe"][0]

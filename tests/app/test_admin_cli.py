@@ -1,4 +1,4 @@
-"""The online admin verbs (gateway/cli.py) against a real gateway on 127.0.0.1.
+"""The online admin verbs (admincli/commands.py) against a real gateway on 127.0.0.1.
 
 Each verb runs as a user runs it, ``python main.py ...`` in its own process; what it
 prints and its exit code are checked, and the gateway's state is checked over HTTP.
@@ -19,7 +19,7 @@ import trustme
 import yaml
 
 from feeds.config import FeedConfig
-from gateway.keys import CONFIG
+from gateway.server.keys import CONFIG
 from tests.app.oauth import JSON, As, clients, token
 from tests.app.process import ROOT, main_py
 from tests.conftest import Gateway, MakeGateway
@@ -30,6 +30,7 @@ ISS = "http://gw.test"
 SCOPES = {
     "root": "restms:admin",
     "user": "restms:read restms:publish restms:subscribe",
+    "other": "restms:read restms:publish restms:subscribe",
 }
 FEEDS = (FeedConfig(name="orders", type="topic"),)
 
@@ -72,11 +73,11 @@ class Live:
         return As.bearer(self.gw, await token(self.gw, name, self.secrets[name]))
 
 
-async def start(make_gateway: MakeGateway) -> Live:
-    """A gateway with an admin client ``root`` and a user; the CLI acts as ``root`` (a
+async def start(make_gateway: MakeGateway, **overrides: Any) -> Live:
+    """A gateway with an admin client ``root`` and users; the CLI acts as ``root`` (a
     client of the built-in issuer, which the CLI gets a token from)."""
     configured, secrets = await clients(**SCOPES)
-    gw = await make_gateway(clients=configured, oauth_issuer=ISS, feeds=FEEDS)
+    gw = await make_gateway(clients=configured, oauth_issuer=ISS, feeds=FEEDS, **overrides)
     env = {
         "RESTMS_URL": gw.url,
         "RESTMS_CLIENT_ID": "root",
@@ -220,6 +221,160 @@ async def test_pipes_list_inspect_purge_survives_restart(make_gateway: MakeGatew
     await fails(1, "404 no pipe by that name", "pipes", "purge", "nosuch", **env)
 
 
+async def test_an_admin_deletes_anyones_pipe_for_good(make_gateway: MakeGateway) -> None:
+    """DELETE /admin/pipes/{name} takes another principal's pipe with its joins and
+    messages, on disk before the reply; absent pipes are 404 and non-admins 403."""
+    live = await start(make_gateway)
+    root, user = await live.client("root"), await live.client("user")
+    pipe, kept = await make_pipe(user, "doomed"), await make_pipe(user, "kept")
+    status, reply, headers = await user.call(
+        "POST",
+        f"/restms/resource/{pipe}",
+        {"join": [{"feed": "/restms/feed/orders", "address": "#"}]},
+    )
+    assert status == 201, reply
+    join = headers["Location"].removeprefix(live.gw.url)  # the port changes on restart
+    await publish(user, "orders", "a", 3, persistent=True)
+
+    status, reply, _ = await admin(user, "DELETE", f"/admin/pipes/{pipe}")
+    assert status == 403
+    assert "restms:admin" in reply
+    await user.ok("GET", f"/restms/resource/{pipe}")  # refused: nothing done
+
+    status, reply, headers = await admin(root, "DELETE", f"/admin/pipes/{pipe}")
+    assert status == 200, reply
+    assert headers["Cache-Control"] == "no-store"
+    assert reply == {
+        "deleted": pipe,
+        "digest": reply["digest"],
+        "owner": "user",
+        "messages": 3,
+        "joins": 2,
+    }
+    await asyncio.to_thread(conforms, reply, "PipeDeleted")
+    for uri in (f"/restms/resource/{pipe}", join, f"/restms/resource/{pipe}.1"):
+        status, _, _ = await user.call("GET", uri)
+        assert status == 404, uri
+    status, reply, headers = await admin(root, "DELETE", f"/admin/pipes/{pipe}")
+    assert (status, reply.strip()) == (404, "no pipe by that name")
+    assert headers["Content-Type"].startswith("text/plain")
+    stats = await ok_json("stats", **live.env)
+    assert (stats["pipes"], stats["joins"]) == (1, 1)  # the kept pipe and its default join
+    await live.gw.stop()
+
+    live = await start(make_gateway)  # the same data directory
+    user = await live.client("user")
+    for uri in (f"/restms/resource/{pipe}", join):
+        status, _, _ = await user.call("GET", uri)
+        assert status == 404, uri
+    await user.ok("GET", f"/restms/resource/{kept}")
+    stats = await ok_json("stats", **live.env)
+    assert (stats["pipes"], stats["joins"], stats["messages"]["on_disk"]) == (1, 1, 0)
+
+
+async def test_a_pipe_provisioned_for_its_owner(make_gateway: MakeGateway) -> None:
+    """POST /admin/pipes?owner=P makes P's pipe from a RestMS pipe document: P reads
+    and joins it as its own, after a restart too; another principal does not see it."""
+    live = await start(make_gateway)
+    root, user, other = [await live.client(n) for n in ("root", "user", "other")]
+    document = {"pipe": [{"type": "fifo", "title": "provisioned", "max_messages": "5"}]}
+    status, reply, headers = await root.call("POST", "/admin/pipes?owner=user", document)
+    assert status == 201, reply
+    (made,) = reply["restms"]["pipe"]
+    location = headers["Location"]
+    name = made["name"]
+    assert location == f"{live.gw.url}/restms/resource/{name}"
+    assert headers["Cache-Control"] == "no-store"
+    assert (made["title"], made["max_messages"]) == ("provisioned", "5")
+    shown = await ok_json("pipes", "inspect", name, **live.env)
+    assert (shown["owner"], shown["max_messages"]) == ("user", 5)
+
+    status, _, _ = await other.call("GET", location)
+    assert status == 404
+    await user.ok("POST", location, {"join": [{"feed": "/restms/feed/orders", "address": "#"}]})
+    await publish(user, "orders", "eu", 1, persistent=True)
+    await live.gw.stop()
+
+    live = await start(make_gateway)  # the same data directory
+    user = await live.client("user")
+    reply, _ = await user.ok("GET", f"/restms/resource/{name}.1")
+    assert reply["restms"]["message"][0]["address"] == "eu"
+
+    root, other = await live.client("root"), await live.client("other")
+    refused = [
+        ("/admin/pipes?owner=user", {"pipe": [{"type": "nosuch"}]}, 400, "unknown pipe type"),
+        ("/admin/pipes", {"pipe": [{}]}, 400, "?owner="),
+        ("/admin/pipes?owner=a%20b", {"pipe": [{}]}, 400, "no principal name"),
+        ("/admin/pipes?owner=%23bridge/x", {"pipe": [{}]}, 400, "no principal name"),
+        ("/admin/pipes?owner=user", {"feed": [{"name": "f"}]}, 400, "makes pipes"),
+        ("/admin/pipes?owner=user&domain=nosuch", {"pipe": [{}]}, 404, "'nosuch'"),
+    ]
+    for path, body, code, says in refused:
+        status, reply, headers = await root.call("POST", path, body)
+        assert (status, headers["Content-Type"].split(";")[0]) == (code, "text/plain"), path
+        assert says in reply, reply
+    status, reply, _ = await other.call("POST", "/admin/pipes?owner=other", {"pipe": [{}]})
+    assert status == 403
+    assert "restms:admin" in reply
+    pipes = await ok_json("pipes", "list", **live.env)
+    assert [p["owner"] for p in pipes["pipes"]] == ["user"]  # nothing made by a refusal
+
+
+async def test_a_provisioned_pipe_counts_in_its_owners_quota(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway, max_pipes_per_principal=2)
+    root, user = await live.client("root"), await live.client("user")
+    await make_pipe(user)
+    status, reply, _ = await root.call("POST", "/admin/pipes?owner=user", {"pipe": [{}]})
+    assert status == 201, reply
+    status, reply, _ = await root.call("POST", "/admin/pipes?owner=user", {"pipe": [{}]})
+    assert status == 403
+    assert reply.strip() == "pipe quota reached: 'user' owns 2 pipes, the most allowed"
+    status, reply, _ = await user.call("POST", "/restms/domain/default", {"pipe": [{}]})
+    assert status == 403  # the owner's own create counts the provisioned pipe too
+    await root.ok("POST", "/restms/domain/default", {"pipe": [{}]})  # root's quota is its own
+
+
+async def test_pipes_create_and_delete_verbs(make_gateway: MakeGateway) -> None:
+    live = await start(make_gateway)
+    env = live.env
+    out = await ok("pipes", "create", "--owner", "user", "--title", "work", **env)
+    words = out.split()
+    assert words[:2] + words[3:] == ["created", "pipe", "for", "user", "(type", "fifo)"]
+    name = words[2]
+    user = await live.client("user")
+    reply, _ = await user.ok("GET", f"/restms/resource/{name}")
+    assert reply["restms"]["pipe"][0]["title"] == "work"
+    made = await ok_json("pipes", "create", "--owner", "other", "--type", "ondemand", **env)
+    assert (made["owner"], made["type"]) == ("other", "ondemand")
+    assert made["uri"] == f"{live.gw.url}/restms/resource/{made['name']}"
+
+    out = await ok("pipes", "delete", name, **env)
+    assert out == f"deleted pipe {name} of user: 0 messages, 1 joins\n"
+    status, _, _ = await user.call("GET", f"/restms/resource/{name}")
+    assert status == 404
+    gone = await ok_json("pipes", "delete", made["uri"], **env)
+    assert (gone["deleted"], gone["owner"], gone["joins"]) == (made["name"], "other", 0)
+
+    await fails(1, "404 no pipe by that name", "pipes", "delete", name, **env)
+    await fails(1, " 400 ", "pipes", "create", "--owner", "a b", **env)
+    await fails(
+        1,
+        "unknown pipe type 'nosuch'",
+        "pipes",
+        "create",
+        "--owner",
+        "u",
+        "--type",
+        "nosuch",
+        **env,
+    )
+    code, out, err = await cli("pipes", "create", **env)
+    assert (code, out) == (2, "")
+    assert "the following arguments are required: --owner" in err
+    user_token = await token(live.gw, "user", live.secrets["user"])
+    await fails(1, " 403 ", "pipes", "delete", name, "--token", user_token, RESTMS_URL=live.gw.url)
+
+
 async def test_pipe_names_only_to_gateway_admins(make_gateway: MakeGateway) -> None:
     configured, secrets = await clients(
         root="restms:admin",
@@ -240,8 +395,13 @@ async def test_pipe_names_only_to_gateway_admins(make_gateway: MakeGateway) -> N
     assert reply["name"] == pipe
     status, reply, _ = await admin(who["feeds"], "GET", "/admin/pipes")
     assert (status, reply) == (200, {"pipes": []})
-    status, reply, _ = await admin(who["feeds"], "DELETE", f"/admin/pipes/{pipe}/messages")
-    assert status == 404
+    for path in (f"/admin/pipes/{pipe}/messages", f"/admin/pipes/{pipe}"):
+        status, reply, _ = await admin(who["feeds"], "DELETE", path)
+        assert status == 404
+    status, reply, _ = await who["feeds"].call("POST", "/admin/pipes?owner=x", {"pipe": [{}]})
+    assert status == 404  # the default domain is not the feed admin's
+    status, reply, _ = await who["tenant"].call("POST", "/admin/pipes?owner=x", {"pipe": [{}]})
+    assert status == 201
     for path in ("/admin/stats", "/admin/clients"):
         status, reply, headers = await who["tenant"].call("GET", path)
         assert status == 403

@@ -1,4 +1,4 @@
-"""The admin resource for bridges over real HTTP (gateway/bridging.py, docs/ADMIN.md).
+"""The admin resource for bridges over real HTTP (gateway/admin/bridging.py, docs/ADMIN.md).
 
 No broker is needed: every bridge points at a port nothing listens on, so its link
 stays in ``connecting``/``retrying`` and an outbound bridge's messages wait in its
@@ -146,6 +146,13 @@ def threads_of(*names: str) -> list[str]:
 
 
 # ---------------------------------------------------------------- create, get, list
+async def test_a_new_bridges_location_names_public_url(make_gateway: MakeGateway) -> None:
+    gw, auth = await admin_gateway(make_gateway, public_url="https://gw.example.com")
+    status, reply, headers = await call(gw, auth["root"], "POST", definition=outbound())
+    assert status == 201, reply
+    assert headers["Location"] == f"https://gw.example.com{ADMIN}/out"
+
+
 async def test_create_get_and_list_show_status_without_secrets(
     make_gateway: MakeGateway,
 ) -> None:
@@ -305,6 +312,23 @@ async def test_bad_definitions_are_refused_with_a_reason(make_gateway: MakeGatew
 
 
 # ---------------------------------------------------------------- authorization
+async def test_a_bridges_own_pipe_is_deleted_with_the_bridge(make_gateway: MakeGateway) -> None:
+    """DELETE /admin/pipes/{name}, and an admin's RestMS DELETE of the pipe, refuse a
+    bridge's internal pipe, naming the bridge: the bridge would make another pipe at
+    once, and what waited to be sent would go."""
+    gw, auth = await admin_gateway(make_gateway)
+    status, reply, _ = await call(gw, auth["root"], "POST", definition=outbound())
+    assert status == 201, reply
+    await joined(gw, "out")
+    [pipe] = gw.engine.pipes_of(owner_of("out"))
+    for path in (f"/admin/pipes/{pipe.key}", f"/restms/resource/{pipe.key}"):
+        reply = await call(gw, auth["root"], "DELETE", path)
+        plain(reply, 409, "bridge 'out'")
+        assert f"{ADMIN}/out" in reply[1]
+    assert gw.engine.pipes_of(owner_of("out")) == [pipe]
+    assert not pipe.deleted
+
+
 async def test_only_admins_of_the_bridge_feed_reach_it(make_gateway: MakeGateway) -> None:
     gw, auth = await admin_gateway(make_gateway)
     root, narrow, user = auth["root"], auth["narrow"], auth["user"]

@@ -1,12 +1,16 @@
 """Connection hardening against a real gateway, over raw sockets.
 
-Decided behaviour under test (gateway/connections.py, gateway/server.py):
+Decided behaviour under test (gateway/server/connections.py, gateway/server/run.py):
 
 * A request head past ``max_line_size``, ``max_field_size`` or ``max_headers`` is
-  answered ``400`` and the connection closed (aiohttp's parser, our limits).
-* The clock for a request head starts at its first byte: a client that dribbles one
-  gets ``408`` and is closed after ``header_timeout``; an idle connection is left
-  alone until ``keepalive_timeout``.
+  answered ``400`` and the connection closed (aiohttp's parser, our limits); no
+  refused head has its bytes echoed in the reply.
+* The clock for the first request head starts at the accept, for a later one at its
+  first byte: a client that dribbles one gets ``408`` and is closed after
+  ``header_timeout``; a connection that sends nothing is closed after
+  ``header_timeout`` without a reply (so silent connections cannot hold the
+  ``max_connections`` slots); one idle between requests is left alone until
+  ``keepalive_timeout``.
 * A body that is still arriving when its handler starts has ``body_timeout`` to
   finish; then the connection is closed without a reply.
 * Replies are never timed: a long-poll and an SSE stream outlive both deadlines.
@@ -24,19 +28,32 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import aiohttp
 import pytest
 import yarl
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
-from gateway.connections import AIOHTTP_CHECKED, Connection, ConnectionLimits
+from gateway.server.connections import AIOHTTP_CHECKED, Connection, ConnectionLimits
 from tests.app.jsonapi import HJ, body, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
 pytestmark = pytest.mark.app
 
 DOMAIN_GET = b"GET /restms/domain/default HTTP/1.1\r\nHost: gw\r\n"
+
+
+@pytest.fixture
+def make_gateway(make_gateway: MakeGateway) -> MakeGateway:
+    """Gateways that serve ``Host: gw``, the host the requests written here name."""
+
+    async def start(**overrides: Any) -> Gateway:
+        overrides.setdefault("allowed_hosts", "gw")
+        return await make_gateway(**overrides)
+
+    return start
 
 
 # ---------------------------------------------------------------- helpers
@@ -134,13 +151,50 @@ async def test_oversize_request_head_is_400_and_closed(
     make_gateway: MakeGateway, request_: bytes, caplog: pytest.LogCaptureFixture
 ) -> None:
     gw = await make_gateway(max_line_size=1024, max_field_size=1024, max_headers=10)
-    with caplog.at_level(logging.DEBUG, "gateway.connections"):
+    with caplog.at_level(logging.DEBUG, "gateway.server.connections"):
         reply = await exchange(gw, request_)
     assert status_of(reply) == 400, reply[:200]  # and closed: read_all read to the end
-    assert b"Got more than 1024 bytes" in reply or b"Too many headers" in reply
+    text = reply.split(b"\r\n\r\n", 1)[1]
+    assert text in (
+        b"Bad Request: the request line or a header is longer than 1024 bytes\n",
+        b"Bad Request: Too many headers received\n",
+    ), text
     # one debug line, not a traceback at ERROR for every bad request from the internet
     assert [r.levelname for r in caplog.records] == ["DEBUG"]
     await settled(gw)
+
+
+SECRET = b"s3cr3t-marker"
+
+
+@pytest.mark.parametrize(
+    "request_",
+    [
+        pytest.param(
+            DOMAIN_GET + b"Authorization: Bearer " + SECRET + b"x" * 20_000 + b"\r\n\r\n",
+            id="oversized-bearer",
+        ),
+        pytest.param(b"GET /" + SECRET + b" HTTP/1.1 extra\r\nHost: gw\r\n\r\n", id="request-line"),
+        pytest.param(b"G\x01T /" + SECRET + b" HTTP/1.1\r\n\r\n", id="method"),
+        pytest.param(DOMAIN_GET + b"X-Bad: " + SECRET + b"\x01\r\n\r\n", id="header-byte"),
+        pytest.param(DOMAIN_GET + SECRET + b"\r\n\r\n", id="header-without-colon"),
+        pytest.param(DOMAIN_GET + b"Content-Length: 1" + SECRET + b"\r\n\r\n", id="length"),
+    ],
+)
+async def test_a_refused_request_head_is_not_echoed(
+    gw: Gateway, request_: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    """aiohttp's reasons quote the bytes refused: a token's start must not come back,
+    nor reach the log."""
+    with caplog.at_level(logging.DEBUG, "gateway.server.connections"):
+        reply = await exchange(gw, request_)
+    assert status_of(reply) == 400, reply[:300]
+    head, text = reply.split(b"\r\n\r\n", 1)
+    assert b"Content-Type: text/plain" in head
+    assert text.startswith(b"Bad Request"), text
+    assert len(text) < 100, text
+    assert SECRET not in reply
+    assert all(SECRET.decode() not in r.getMessage() for r in caplog.records)
 
 
 async def test_request_head_within_the_limits_is_served(make_gateway: MakeGateway) -> None:
@@ -188,19 +242,70 @@ async def test_slow_head_after_a_reply_on_the_same_connection_is_cut(
     await cut_slow_head(gw, reader, writer)
 
 
-async def test_idle_connection_waits_for_keepalive_not_header_timeout(
+async def test_idle_between_requests_waits_for_keepalive_not_header_timeout(
     make_gateway: MakeGateway,
 ) -> None:
     gw = await make_gateway(header_timeout=0.2, keepalive_timeout=1.0)
     reader, writer = await connect(gw)
-    await asyncio.sleep(0.4)  # idle before the first request: no head has started
     writer.write(DOMAIN_GET + b"\r\n")
     assert status_of(await read_reply(reader)) == 200
-    await asyncio.sleep(0.4)  # idle between requests
+    await asyncio.sleep(0.4)  # idle between requests: no head has started
     writer.write(DOMAIN_GET + b"\r\n")
     assert status_of(await read_reply(reader)) == 200
     writer.close()
     assert limits(gw).too_slow == 0
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_header_timeout(
+    make_gateway: MakeGateway,
+) -> None:
+    """The clock starts at the accept, not at a first byte that never comes."""
+    gw = await make_gateway(header_timeout=1.0)  # keepalive_timeout: the default 75 s
+    reader, writer = await connect(gw)
+    started = time.monotonic()
+    reply = await read_all(reader, 5.0)
+    elapsed = time.monotonic() - started
+    writer.close()
+    assert reply == b""  # no reply to a request never sent
+    assert 0.9 <= elapsed < 3.0, elapsed
+    assert limits(gw).too_slow == 1
+    await settled(gw)
+
+
+async def test_a_first_head_begun_late_has_what_is_left_of_header_timeout(
+    make_gateway: MakeGateway,
+) -> None:
+    gw = await make_gateway(header_timeout=1.0)
+    reader, writer = await connect(gw)
+    started = time.monotonic()
+    await asyncio.sleep(0.6)
+    writer.write(DOMAIN_GET)  # a head begun, never ended
+    reply = await read_all(reader, 5.0)
+    elapsed = time.monotonic() - started
+    writer.close()
+    assert status_of(reply) == 408, reply[:200]
+    assert 0.9 <= elapsed < 1.5, elapsed  # not 0.6 + 1.0
+
+
+async def test_silent_connections_hold_the_connection_cap_only_for_header_timeout(
+    make_gateway: MakeGateway,
+) -> None:
+    """Eleven addresses opening connections and sending nothing fill max_connections
+    (10 here) and are refused past it; after header_timeout they are all cut, and a
+    real client is served."""
+    gw = await make_gateway(max_connections=10, header_timeout=1.0)
+    silent = [await connect(gw, f"127.0.0.{i}") for i in range(1, 12)]
+    opened = time.monotonic()
+    await settled(gw, 10)
+    cut = await asyncio.gather(*(read_all(reader, 5.0) for reader, _ in silent))
+    assert sorted(status_of(reply) for reply in cut) == [0] * 10 + [503]
+    await settled(gw)
+    assert time.monotonic() - opened < 3.0
+    reply = await exchange(gw, DOMAIN_GET + b"Connection: close\r\n\r\n")
+    assert status_of(reply) == 200, reply[:200]
+    for _, writer in silent:
+        writer.close()
+    assert limits(gw).too_slow == 10
 
 
 async def test_idle_keepalive_connection_is_closed_after_keepalive_timeout(
@@ -385,7 +490,8 @@ async def test_counts_return_to_zero_after_every_kind_of_close(make_gateway: Mak
 
 
 async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
-    """gateway/connections.py relies on these; re-read it when this fails."""
+    """gateway/server/connections.py and middleware.py rely on these; re-read them when
+    this fails."""
     assert aiohttp.__version__.startswith(AIOHTTP_CHECKED + "."), aiohttp.__version__
     assert inspect.iscoroutinefunction(web.AppRunner._make_server)
     assert list(inspect.signature(web.RequestHandler.log_access).parameters) == [
@@ -421,6 +527,13 @@ async def test_aiohttp_surface_is_what_connections_expect(gw: Gateway) -> None:
         "exc",
         "message",
     ]
+    assert LineTooLong(b"refused", 1024).args[1] == 1024  # the limit head_fault names
+    # gateway/server/middleware.py: a route's handler is its _handler, which the
+    # request's match_info.handler returns (so the concerns wrap every request)
+    route = next(r for r in gw.app.router.routes() if r.method == "GET")
+    assert route.handler is route._handler
+    handler_source = await asyncio.to_thread(inspect.getsource, type(route).handler.fget)
+    assert "return self._handler" in handler_source
     # and, in use: a live connection is ours, and the request factory saw its start
     reader, writer = await connect(gw)
     await settled(gw, 1)

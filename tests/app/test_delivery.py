@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.app.gauges import until_waiting
 from tests.app.jsonapi import AJ, DOMAIN, JSON, delete, get, join, new_pipe, post, publish
 from tests.conftest import Gateway, MakeGateway
 
@@ -23,6 +24,13 @@ AT_ONCE = 1.0  # seconds: an answer that must not block gets this long
 
 
 # ---------------------------------------------------------------- helpers
+
+
+@pytest.fixture
+async def gw(make_gateway: MakeGateway) -> Gateway:
+    """The default configuration, with /metrics open to this host: a test waits on
+    ``restms_waiting_requests`` to know a GET reached the server and waits there."""
+    return await make_gateway(metrics_access="loopback")
 
 
 async def new_feed(gw: Gateway, name: str, kind: str = "") -> str:
@@ -102,7 +110,7 @@ async def test_A2_A3_get_on_asynclet_waits_and_wakes_on_publish(gw: Gateway) -> 
     pipe = await new_pipe(gw)
     href = pipe["message"][0]["href"]
     waiter = asyncio.create_task(get(gw, href))
-    await asyncio.sleep(0.1)
+    await until_waiting(gw, "asynclet", 1)
     assert not waiter.done()  # nothing published yet: the GET waits
     assert await publish(gw, DEFAULT_FEED, text(pipe["name"], "wake")) == [1]
     async with asyncio.timeout(AT_ONCE):
@@ -134,7 +142,7 @@ async def test_A4_asynclet_from_creation_reply_stays_valid(gw: Gateway) -> None:
     for item in held(old):
         assert await delete(gw, item["href"]) == 200
     waiter = asyncio.create_task(get(gw, old_asynclet))
-    await asyncio.sleep(0.05)
+    await until_waiting(gw, "asynclet", 1)
     await publish(gw, DEFAULT_FEED, text(pipe["name"], "four"))
     async with asyncio.timeout(AT_ONCE):
         status, reply = await waiter
@@ -146,7 +154,7 @@ async def test_A5_every_waiter_on_the_asynclet_gets_the_message(gw: Gateway) -> 
     pipe = await new_pipe(gw)
     href = pipe["message"][0]["href"]
     waiters = [asyncio.create_task(get(gw, href)) for _ in range(4)]
-    await asyncio.sleep(0.1)
+    await until_waiting(gw, "asynclet", 4)
     assert not any(w.done() for w in waiters)
     await publish(gw, DEFAULT_FEED, text(pipe["name"], "all"))
     async with asyncio.timeout(AT_ONCE):
@@ -181,7 +189,7 @@ async def test_A6_deleting_the_pipe_answers_waiters_404(gw: Gateway) -> None:
     pipe = await new_pipe(gw)
     href = pipe["message"][0]["href"]
     waiters = [asyncio.create_task(get(gw, href)) for _ in range(2)]
-    await asyncio.sleep(0.1)
+    await until_waiting(gw, "asynclet", 2)
     assert not any(w.done() for w in waiters)
     assert await delete(gw, pipe["uri"]) == 200
     async with asyncio.timeout(AT_ONCE):
@@ -193,10 +201,11 @@ async def test_A6_client_that_disconnects_leaves_the_asynclet_working(gw: Gatewa
     pipe = await new_pipe(gw)
     href = pipe["message"][0]["href"]
     gone = asyncio.create_task(get(gw, href))
-    await asyncio.sleep(0.05)
+    await until_waiting(gw, "asynclet", 1)
     gone.cancel()
     with pytest.raises(asyncio.CancelledError):
         await gone
+    await until_waiting(gw, "asynclet", 0)  # the server saw the client go
     await publish(gw, DEFAULT_FEED, text(pipe["name"], "still"))
     assert value(await message(gw, href)) == "still"
 
@@ -542,7 +551,7 @@ async def test_P3_ondemand_waiter_gets_the_next_publish(gw: Gateway) -> None:
     pipe = await new_pipe(gw, "ondemand")
     await join(gw, pipe, feed)
     waiter = asyncio.create_task(get(gw, pipe["message"][0]["href"]))
-    await asyncio.sleep(0.1)
+    await until_waiting(gw, "asynclet", 1)
     assert await publish(gw, feed, text("", "now")) == [1]
     async with asyncio.timeout(AT_ONCE):
         status, reply = await waiter

@@ -39,7 +39,7 @@ import pytest
 import trustme
 import yarl
 
-from gateway.config import load
+from gateway.server.config import load
 from tests.app.jsonapi import DOMAIN, get, new_pipe
 from tests.app.oauth import clients, token
 from tests.app.test_streams import SSE, event, message_of, send
@@ -191,6 +191,7 @@ class Setup:
 async def setup(make_gateway: MakeGateway, files: Files) -> AsyncIterator[Setup]:
     configured, secrets = await clients(app=SCOPES)
     production = await asyncio.to_thread(load, str(ROOT / "deploy" / "production.toml"), None, {})
+    assert production.public_url == f"https://{PUBLIC}"
     gw = await make_gateway(
         clients=configured,
         tls_cert=str(files.gateway_cert),
@@ -198,7 +199,7 @@ async def setup(make_gateway: MakeGateway, files: Files) -> AsyncIterator[Setup]
         client_ssl=trusting(files.ca),
         heartbeat=0.5,
         max_body=production.max_body,
-        oauth_issuer=f"https://{PUBLIC}",
+        public_url=production.public_url,  # the issuer too
     )
     upstream = int(gw.url.rsplit(":", 1)[1])
     async with nginx(files, upstream):

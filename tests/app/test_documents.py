@@ -457,6 +457,54 @@ async def test_J3_json_numbers_become_strings(gw: Gateway) -> None:
     assert (await call(gw, "GET", "/restms/feed/j3")).top().get("title") == "42"
 
 
+async def test_J3_an_object_where_a_property_belongs_creates_nothing(gw: Gateway) -> None:
+    before = (await call(gw, "GET", DOMAIN, Accept=JSON)).body
+    body = b'{"restms":{"feed":[{"type":{"v":"fanout"}}]}}'
+    r = await call(gw, "POST", DOMAIN, body, content_type=JSON)
+    assert r.status == 400
+    assert r.media_type == "text/plain"
+    assert r.body.decode() == 'property "type" of <feed> must be a string, not an object\n'
+    assert (await call(gw, "GET", DOMAIN, Accept=JSON)).body == before
+
+
+async def test_J3_G2_a_property_written_as_a_child_element_creates_nothing(gw: Gateway) -> None:
+    before = (await call(gw, "GET", DOMAIN)).body
+    r = await call(gw, "POST", DOMAIN, doc('<feed name="g2"><type v="fanout"/></feed>'))
+    assert (r.status, r.media_type) == (400, "text/plain")
+    assert r.body.decode() == 'property "type" of <feed> must be an attribute\n'
+    assert (await call(gw, "GET", DOMAIN)).body == before
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (
+            b'{"restms":{"message":[{"address":{"x":1}}]}}',
+            'property "address" of <message> must be a string, not an object',
+        ),
+        (
+            b'{"restms":{"message":[{"address":"{name}","header":[{"name":["a","b"]}]}]}}',
+            'property "name" of <header> must be a string, not an array',
+        ),
+        (
+            b'{"restms":{"message":[{"address":"{name}","address":"{name}"}]}}',
+            "JSON object repeats the key 'address'",
+        ),
+    ],
+)
+async def test_J3_a_malformed_json_publish_routes_nothing(
+    gw: Gateway, body: bytes, reason: str
+) -> None:
+    pipe = await new_pipe(gw)
+    name = pipe.top().get("name")
+    r = await call(
+        gw, "POST", DEFAULT_FEED, body.replace(b"{name}", name.encode()), content_type=JSON
+    )
+    assert (r.status, r.media_type, r.body.decode()) == (400, "text/plain", reason + "\n")
+    listing = await call(gw, "GET", pipe.headers["Location"])
+    assert [m.get("async") for m in children(listing.top(), "message")] == ["1"]  # the asynclet
+
+
 @pytest.mark.parametrize("text_key", ["value", "#text"])
 async def test_J5_content_text_travels_under_value(gw: Gateway, text_key: str) -> None:
     message = {

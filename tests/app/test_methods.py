@@ -125,8 +125,11 @@ async def test_U2_private_resources_live_under_restms_resource(world: World, gw:
         assert world.uri(kind).startswith(gw.uri("/restms/resource/")), kind
 
 
-async def test_U4_emitted_uris_are_absolute_and_use_the_host_header(gw: Gateway) -> None:
+async def test_U4_emitted_uris_are_absolute_and_use_the_host_header(
+    make_gateway: MakeGateway,
+) -> None:
     host = "mq.example.test:8123"
+    gw = await make_gateway(allowed_hosts=host)  # a host the gateway is told it serves
     base = f"http://{host}/restms/"
     feed = await call(gw, "POST", DOMAIN, doc('<feed name="u4" type="direct"/>'), Host=host)
     assert feed.headers["Location"] == base + "feed/u4"
@@ -150,8 +153,9 @@ async def test_U4_emitted_uris_are_absolute_and_use_the_host_header(gw: Gateway)
 
 
 async def test_U4_another_host_header_gives_other_uris_for_the_same_resource(
-    gw: Gateway,
+    make_gateway: MakeGateway,
 ) -> None:
+    gw = await make_gateway(allowed_hosts="one.test, two.test:99")
     pipe = await call(gw, "POST", DOMAIN, doc("<pipe/>"), Host="one.test")
     path = pipe.headers["Location"].removeprefix("http://one.test")
     again = await call(gw, "GET", path, Host="two.test:99")

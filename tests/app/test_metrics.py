@@ -7,52 +7,23 @@ scrapes again and compares samples parsed with ``prometheus_client.parser``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from tests.app.gauges import Samples, scrape, until_waiting, value, waiting
 from tests.app.jsonapi import AJ, DOMAIN, HJ, JSON, body, get, new_pipe, publish
 from tests.app.oauth import clients, token
-from tests.conftest import Gateway, MakeGateway
+from tests.conftest import MakeGateway
 
 pytestmark = pytest.mark.app
 
 FEED = "/restms/feed/default"  # routes on the address: a pipe's name
 RESOURCE = "/restms/resource/{name}"
-WAIT = 10.0  # seconds a bounded poll waits at most
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-async def scrape(gw: Gateway, **headers: str) -> tuple[Samples, str]:
-    """Every sample of a /metrics answer, by name and labels; and the text itself."""
-    async with gw.http.get("/metrics", headers=headers) as r:
-        text = await r.text()
-        assert r.status == 200, text
-        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-    samples: Samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[sample.name, frozenset(sample.labels.items())] = sample.value
-    return samples, text
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    """One sample's value; 0 for a labelled sample not there yet (a counter not started)."""
-    return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def delta(before: Samples, after: Samples, name: str, **labels: str) -> float:
     return value(after, name, **labels) - value(before, name, **labels)
-
-
-async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while not await check():
-        assert asyncio.get_running_loop().time() < deadline, f"gave up waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def message(address: str, text: str) -> dict[str, Any]:
@@ -143,26 +114,22 @@ async def test_waiting_requests_are_counted_by_kind(make_gateway: MakeGateway) -
     status, reply = await get(gw, pipe["uri"])
     (asynclet,) = [m["href"] for m in reply["restms"]["pipe"][0]["message"]]
 
-    async def waiting(kind: str, count: int) -> bool:
-        samples, _ = await scrape(gw)
-        return value(samples, "restms_waiting_requests", kind=kind) == count
-
-    assert await waiting("asynclet", 0)
+    assert await waiting(gw, "asynclet", 0)
     read = asyncio.create_task(get(gw, asynclet))
-    await until(lambda: waiting("asynclet", 1), "the asynclet to wait")
+    await until_waiting(gw, "asynclet", 1)
     assert await publish(gw, FEED, message(pipe["name"], "x")) == [1]
     status, _ = await read
     assert status == 200
-    await until(lambda: waiting("asynclet", 0), "the asynclet to end")
+    await until_waiting(gw, "asynclet", 0)
 
     async with gw.http.get(pipe["uri"], headers={"Accept": "text/event-stream"}) as sse:
         assert sse.status == 200
-        await until(lambda: waiting("sse", 1), "the SSE reader to be counted")
+        await until_waiting(gw, "sse", 1)
         async with gw.http.ws_connect(pipe["uri"]) as socket:
-            await until(lambda: waiting("websocket", 1), "the WebSocket to be counted")
+            await until_waiting(gw, "websocket", 1)
             await socket.close()
-        await until(lambda: waiting("websocket", 0), "the WebSocket to end")
-    await until(lambda: waiting("sse", 0), "the SSE reader to end")
+        await until_waiting(gw, "websocket", 0)
+    await until_waiting(gw, "sse", 0)
 
 
 async def test_a_refusal_is_counted_as_an_auth_failure(make_gateway: MakeGateway) -> None:

@@ -11,7 +11,7 @@ Decided behaviour under test:
   feed type, address, pipe digest, message id, size, principal and outcome; deliver
   and ack events carry the milliseconds since the message arrived.
 * No pipe name appears anywhere in the lake (a pipe's name is its capability): pipes
-  are named by the digest :func:`feeds.delivery.label` shows, and addresses on the
+  are named by the digest :func:`feeds.publishing.label` shows, and addresses on the
   default feed (which are pipe names) by the same digest.
 * Every file has exactly the documented schema and none is left hidden (``.tmp-``).
 * ``GET /admin/mirror`` shows the counters to an admin only; with ``mirror = false``
@@ -31,9 +31,9 @@ from typing import Any
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from gateway.keys import CONFIG
-from gateway.mirroring import MIRROR
-from spark_sink import schema
+from gateway.admin.mirroring import MIRROR
+from gateway.server.keys import CONFIG
+from spark_sink.lake import SCHEMA
 from tests.app.jsonapi import DOMAIN, HJ, body, get, post, publish
 from tests.app.test_webhooks import FAST, Receiver, until, webhook
 from tests.conftest import Gateway, MakeGateway
@@ -63,7 +63,7 @@ def checked_lake(lake: Path) -> list[dict[str, Any]]:
     assert files
     assert not list(lake.rglob(".tmp-*"))
     for f in files:
-        assert pq.read_schema(f).remove_metadata() == schema.SCHEMA
+        assert pq.read_schema(f).remove_metadata() == SCHEMA
         assert f.parent.name.startswith("hour=")
         assert f.parent.parent.name.startswith("date=")
     return read_lake(lake)
@@ -137,8 +137,11 @@ async def test_traffic_is_mirrored_with_exact_counts_and_fields(
         for value in row.values():
             assert not any(name in str(value) for name in names.values()), row
     orders = [r for r in rows if r["feed"] == "orders"]
+    size = (
+        sum(map(len, ("eu.1", "message_id", "m1"))) + 5
+    )  # its address, its one property, its content
     assert {(r["domain"], r["feed_type"], r["address"], r["size"]) for r in orders} == {
-        ("default", "fanout", "eu.1", 5)
+        ("default", "fanout", "eu.1", size)
     }
     published = sorted((r["message_id"], r["outcome"]) for r in orders if r["event"] == "publish")
     assert published == [("m1", "duplicate"), ("m1", "ok"), ("m2", "ok"), ("m3", "ok")]

@@ -21,7 +21,7 @@ import zmq.asyncio
 from bridges.config import parse
 from bridges.zeromq import ZmqBridge
 from feeds.config import FeedConfig
-from gateway.bridging import BRIDGES
+from gateway.admin.bridging import BRIDGES
 from tests.app.test_mirror import checked_lake, lake_of
 from tests.app.test_webhooks import until
 from tests.conftest import MakeGateway
@@ -85,9 +85,33 @@ async def test_bridge_traffic_is_mirrored(make_gateway: MakeGateway) -> None:
     }
     assert sorted(r["message_id"] for r in out) == ["o0", "o1", "o2"]
     into = [r for r in bridged if r["event"] == "bridge_in"]
+    # A message's size counts its address and properties with its content.
+    size = len("eu.2") + len("message_id") + len("i0") + len("world")
     assert {(r["feed"], r["address"], r["principal"], r["size"]) for r in into} == {
-        ("incoming", "eu.2", "#bridge/in", 5)
+        ("incoming", "eu.2", "#bridge/in", size)
     }
     assert sorted(r["message_id"] for r in into) == ["i0", "i1"]
     published = Counter(r["feed"] for r in rows if r["event"] == "publish")
     assert published == {"orders": 3, "incoming": 2}
+
+
+async def test_a_message_a_bridge_dead_letters_is_mirrored_as_passed_on(
+    make_gateway: MakeGateway,
+) -> None:
+    """ANALYTICS.md: ``bridge_out`` is a bridge done with a message, sent or (refused by
+    the far side, here unmappable) dead-lettered; the dead letter is its own event."""
+    gw = await make_gateway(feeds=FEEDS, bridges=(parse(zmq_bridge("out", "push", "orders")),))
+
+    def bridge() -> ZmqBridge:
+        return cast(ZmqBridge, gw.app[BRIDGES].get("out"))
+
+    await until(lambda: bridge().health.state.name == "up", "up")
+    two = {"address": "eu.1", "message_id": "two", "content": [{"value": "a"}, {"value": "b"}]}
+    assert await publish(gw, "orders", two) == [1]
+    await until(lambda: bridge().counters.dead_lettered == 1, "the dead letter")
+    await until(lambda: bridge().backlog() == 0, "the pipe emptied")
+    lake = lake_of(gw)
+    await gw.stop()
+    rows = await asyncio.to_thread(checked_lake, lake)
+    events = Counter(r["event"] for r in rows if r["message_id"] == "two")
+    assert (events["bridge_out"], events["dead_letter"]) == (1, 1)

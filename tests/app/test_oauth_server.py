@@ -1,6 +1,6 @@
 """The built-in authorization server over real HTTP: token endpoint, JWKS, metadata, CLI.
 
-The server is a bare ``web.Application`` with only :func:`gateway.oauth.add_routes`
+The server is a bare ``web.Application`` with only :func:`gateway.auth.oauth.add_routes`
 (no gateway middleware), on 127.0.0.1, with the blocking-call detector on.
 """
 
@@ -22,7 +22,7 @@ from joserfc.jwk import KeySet
 
 from auth.clients import CLIENTS_FILE, Client, ClientStore, hash_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
-from gateway.oauth import PUBLIC_PATHS, add_routes
+from gateway.auth.oauth import PUBLIC_PATHS, add_routes
 from tests.app.process import main_py
 
 pytestmark = pytest.mark.app

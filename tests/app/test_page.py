@@ -1,4 +1,4 @@
-"""How the live page's files are served (``gateway/page.py``); the page itself is
+"""How the live page's files are served (``gateway/admin/page.py``); the page itself is
 tested in a browser in ``tests/browser/``.
 
 Decided behaviour under test:
@@ -26,13 +26,13 @@ import orjson
 import pytest
 import yaml
 
-from gateway.page import CONTENT_SECURITY_POLICY, Description
+from gateway.admin.page import CONTENT_SECURITY_POLICY, Description
 from tests.conftest import Gateway, MakeGateway
 
 pytestmark = pytest.mark.app
 
 ROOT = Path(__file__).resolve().parents[2]
-STATIC = ROOT / "gateway" / "static"
+STATIC = ROOT / "gateway" / "admin" / "static"
 FILES = {
     "/": ("index.html", "text/html; charset=utf-8"),
     "/static/app.js": ("app.js", "text/javascript; charset=utf-8"),
@@ -123,7 +123,8 @@ async def test_other_methods_and_files_are_refused_as_text(gw: Gateway) -> None:
         assert r.status == 405
         assert r.headers["Allow"] == "GET,HEAD"
         assert r.content_type == "text/plain"
-    for path in ("/static/", "/static/index.html", "/static/../gateway/page.py", "/index.html"):
+    traversal = "/static/../gateway/admin/page.py"
+    for path in ("/static/", "/static/index.html", traversal, "/index.html"):
         async with gw.http.get(path) as r:
             assert r.status == 404, path
             assert r.content_type == "text/plain"

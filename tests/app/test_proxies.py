@@ -1,4 +1,4 @@
-"""A trusted reverse proxy's X-Forwarded-* headers, on a live gateway (gateway/proxies.py).
+"""A trusted reverse proxy's X-Forwarded-* headers, on a live gateway (gateway/server/proxies.py).
 
 The proxy here is the test client on 127.0.0.1: trusted when ``trusted_proxies``
 names that address, untrusted when it names another.
@@ -20,9 +20,11 @@ RELAYED = {
 }
 
 
-async def _alice(make_gateway: MakeGateway, trusted: str) -> As:
+async def _alice(make_gateway: MakeGateway, trusted: str, allowed: str = "gw.example.com") -> As:
     configured, secrets = await clients(alice="restms:read restms:publish restms:subscribe")
-    gw = await make_gateway(clients=configured, oauth_issuer=ISS, trusted_proxies=trusted)
+    gw = await make_gateway(
+        clients=configured, oauth_issuer=ISS, trusted_proxies=trusted, allowed_hosts=allowed
+    )
     return As.bearer(gw, await token(gw, "alice", secrets["alice"]))
 
 
@@ -57,13 +59,20 @@ async def test_limits_per_address_see_the_relayed_client(make_gateway: MakeGatew
     """The secret-check limit (5 a second, 20 at once, per address) counts the client
     the proxy names: one client using it up leaves the next one its own."""
     alice = await _alice(make_gateway, "127.0.0.1")
-    wrong = As(alice.gw, {"Authorization": "Basic " + base64.b64encode(b"alice:nope").decode()})
+
+    def wrong(name: str) -> As:  # each guess at another account: no account's bound is hit
+        basic = base64.b64encode(f"{name}:nope".encode()).decode()
+        return As(alice.gw, {"Authorization": f"Basic {basic}"})
+
     replies = await asyncio.gather(  # at once: the bucket has no time to refill
-        *(wrong.call("GET", DOMAIN, **{"X-Forwarded-For": "192.0.2.7"}) for _ in range(40))
+        *(
+            wrong(f"user{i}").call("GET", DOMAIN, **{"X-Forwarded-For": "192.0.2.7"})
+            for i in range(40)
+        )
     )
     statuses = sorted(status for status, _, _ in replies)
     assert set(statuses) == {401, 429}, statuses  # checked until the burst is used up
-    status, reply, _ = await wrong.call("GET", DOMAIN, **{"X-Forwarded-For": "192.0.2.8"})
+    status, reply, _ = await wrong("other").call("GET", DOMAIN, **{"X-Forwarded-For": "192.0.2.8"})
     assert status == 401, reply  # another client: checked, not refused
 
 

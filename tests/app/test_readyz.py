@@ -12,7 +12,6 @@ import pytest
 
 import bridges.config
 from feeds.store import FILE_NAME
-from gateway.keys import STORE
 from tests.app.oauth import clients, token
 from tests.conftest import Gateway, MakeGateway
 
@@ -96,7 +95,7 @@ async def test_a_failed_commit_is_counted_and_the_probe_shows_recovery(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     gw = await make_gateway(ready_commit_timeout=0.3, metrics_access="open")
-    store = gw.app[STORE]
+    store = gw.store
     async with Lock(tmp_path / "var" / FILE_NAME):
         status, lines = await ready(gw)  # its test transaction waits for the lock ...
         assert status == 503

@@ -135,7 +135,8 @@ class Connection:
 
     def send(self, method: str, path: str, payload: bytes = b"", *, stall: bool = False) -> None:
         """Write a request; with ``stall``, only its head and the body's first bytes."""
-        head = f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: {JSON}\r\n"
+        host, port = self.writer.get_extra_info("peername")[:2]  # a Host served there
+        head = f"{method} {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAccept: {JSON}\r\n"
         if payload:
             head += f"Content-Type: {JSON}\r\nContent-Length: {len(payload)}\r\n"
         if stall:  # the 100 goes out just before the handler starts: then it is in flight

@@ -3,10 +3,14 @@ when readers get there, across a restart too; memory holds about a budget's wort
 
 from __future__ import annotations
 
+import asyncio
+import sqlite3
 from typing import Any
 
+from feeds import paging
 from feeds.config import OVERHEAD
-from gateway.keys import ENGINE
+from feeds.model import Pipe
+from restms.specs import EmbeddedContent, MessageSpec
 from tests.app.jsonapi import AJ, DOMAIN, HJ, body, join, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
@@ -61,7 +65,7 @@ async def test_past_the_budget_messages_wait_on_disk_and_drain_in_order(
     feed, pipe = await setup(gw)
     for first in range(0, 1_000, 250):
         await publish(gw, feed, first, 250, persistent=first % 500 == 0)
-    engine = gw.app[ENGINE]
+    engine = gw.engine
     assert engine.counters.spilled >= 750
     assert engine.held <= BUDGET
     first_page = await listed(gw, pipe)
@@ -85,10 +89,46 @@ async def test_a_restart_leaves_a_big_backlog_on_disk_and_drops_stale_volatile_r
     await publish(gw, feed, 600, 100, persistent=True)
     await gw.stop()
     again = await make_gateway(memory_budget=BUDGET)
-    engine = again.app[ENGINE]
+    engine = again.engine
     assert engine.held <= BUDGET + 1000 + OVERHEAD
     path = "/" + pipe["uri"].split("/", 3)[3]
     got = await drain(again, {"uri": path})
     # the persistent ones, in order; non-persistent ones written only for room are gone,
     # except those that were in memory and so lost too: nothing between 300 and 600
     assert got == [f"m{n}" for n in [*range(300), *range(600, 700)]]
+
+
+async def test_a_page_read_waits_for_a_commit_another_task_has_under_way(
+    make_gateway: MakeGateway,
+) -> None:
+    """The journal may have been taken by someone else (the background flusher, a feed
+    queue's page reader) and its commit not be done yet: a page read must not look at
+    the disk before it is, or it finds the pipe's newest messages missing."""
+    # the flusher never runs here, so the journal is still there for the commit below
+    gw = await make_gateway(memory_budget=BUDGET, journal_interval=3600)
+    _, pipe = await setup(gw)
+    engine, store = gw.engine, gw.store
+    held = engine.resolve(pipe["name"])
+    assert isinstance(held, Pipe)
+    specs = [
+        MessageSpec(props=(("message_id", f"m{n}"),), contents=(EmbeddedContent(value=BODY),))
+        for n in range(300)
+    ]
+    engine.publish(engine.public_feeds["big"], specs)
+    assert held.spilled > 50
+    # Another connection holds the write lock, so the commit below waits for it.
+    blocker = await asyncio.to_thread(
+        sqlite3.connect, store.path, isolation_level=None, check_same_thread=False
+    )
+    await asyncio.to_thread(blocker.execute, "BEGIN IMMEDIATE")
+    # Someone else's commit of the publish, not awaited; then a read of the first page
+    # on disk.
+    under_way = engine.commit_journal(store.submit)
+    assert under_way is not None
+    reading = asyncio.create_task(paging.ensure(engine, store, held, held.spill_lo))
+    await asyncio.sleep(0.3)
+    await asyncio.to_thread(blocker.execute, "ROLLBACK")
+    await asyncio.to_thread(blocker.close)
+    await reading
+    await under_way
+    assert await drain(gw, pipe) == [f"m{n}" for n in range(300)]

@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.app.gauges import until
 from tests.app.jsonapi import AJ, DOMAIN, HJ, JSON, body, get, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
@@ -290,14 +291,16 @@ async def test_P6_stream_pipe_answers_multipart_and_deletes_what_it_wrote(
     async with asyncio.timeout(3), gw.http.get(asynclet, headers=AJ) as r:
         assert r.status == 200
         assert r.content_type == "multipart/mixed"
-        await asyncio.sleep(0.15)
-        # Written parts are gone from the pipe already.
-        assert await held(gw, pipe) == []
+
+        async def drained() -> bool:
+            return await held(gw, pipe) == []
+
+        # Written parts leave the pipe while the response is still open.
+        await until(drained, "the written parts to leave the pipe")
         for message in listed:
             assert (await get(gw, message["href"]))[0] == 404
         await send(gw, pipe, "s3")
-        await asyncio.sleep(0.1)
-        assert await held(gw, pipe) == []
+        await until(drained, "s3 to be written and leave the pipe")
         # The response ends at stream_max, with every part in it.
         reader = Multipart(r)
         got = await parts(reader, 3)

@@ -326,6 +326,18 @@ async def test_verification_comes_first_and_names_the_pipe(gw: Gateway, receiver
     assert seen_before == [1]
 
 
+async def test_public_url_names_the_pipe_in_verification_and_deliveries(
+    make_gateway: MakeGateway, receiver: Receiver
+) -> None:
+    gw = await make_gateway(public_url="https://gw.example.com", **FAST)
+    pipe = await webhook(gw, receiver.url)
+    assert pipe["uri"].startswith("https://gw.example.com/restms/resource/")
+    await send(gw, pipe, "m1")
+    await until(lambda: receiver.deliveries, "the delivery")
+    (query,) = receiver.verifications
+    assert query["restms.pipe"] == pipe["uri"]
+
+
 @pytest.mark.parametrize(
     ("answer", "status", "error"),
     [

@@ -5,6 +5,8 @@ every connection, not only when the pipe was created (docs/WEBHOOKS.md).
   restart: the attempt numbers continue, every message is delivered, in order, and
   nothing arrives twice except what at-least-once allows (the attempt under way at
   the kill, made again).
+* A failed attempt is on disk before the worker waits for the next one, even when
+  nothing else was changed meanwhile (the background flusher is not what saves it).
 * A callback allowed when the pipe was made, but not by the configuration the gateway
   runs with now, is refused when the worker connects: an address literal, and a name
   whose addresses are looked at again at connect time (as after DNS rebinding).
@@ -16,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -136,6 +139,46 @@ async def test_retries_carry_on_after_sigkill(tmp_path: Path) -> None:
         assert all(d.signed_with(SECRET) for d in receiver.deliveries)
     finally:
         await receiver.stop()
+
+
+def recorded(store: Path) -> list[dict[str, Any]]:
+    """The webhook delivery records in the store, as a restart would read them."""
+    with contextlib.closing(sqlite3.connect(store)) as db:
+        return [json.loads(state) for _, state in db.execute("SELECT * FROM webhooks")]
+
+
+async def test_a_failed_attempt_is_committed_before_the_wait(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    receiver = await Receiver().start()
+    receiver.answer = lambda _: _unavailable()
+    try:
+        # the flusher never runs here: only the worker's own commit can save the attempt
+        gw = await make_gateway(
+            webhook_allow="127.0.0.1",
+            webhook_backoff_base=60,
+            webhook_backoff_cap=60,
+            journal_interval=3600,
+            data_dir=str(tmp_path / "data"),
+        )
+        pipe = await webhook(gw, receiver.url, secret=SECRET, durable=1)
+        await until_state(gw, pipe, state="active")
+        await send(gw, pipe, "m0")
+        await until_state(gw, pipe, state="retrying", failures="1")
+        store = tmp_path / "data" / "gateway.sqlite3"
+        deadline = time.monotonic() + 5
+        while [r["failures"] for r in await asyncio.to_thread(recorded, store)] != [1]:
+            assert time.monotonic() < deadline, "the failed attempt never reached the store"
+            await asyncio.sleep(0.02)
+        (record,) = await asyncio.to_thread(recorded, store)
+        assert [seq for seq, attempts, _ in record["attempts"] if attempts == 1] != []
+        assert len(receiver.deliveries) == 1
+    finally:
+        await receiver.stop()
+
+
+async def _unavailable() -> web.StreamResponse:
+    return web.Response(status=503)
 
 
 async def test_the_guard_refuses_at_connect_time(make_gateway: MakeGateway, tmp_path: Path) -> None:

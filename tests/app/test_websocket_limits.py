@@ -27,7 +27,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gateway.websocket import Frames
+from gateway.restms.websocket import Frames
+from tests.app.gauges import until_waiting
 from tests.app.jsonapi import new_pipe
 from tests.app.oauth import DOMAIN, As, clients, token
 from tests.app.process import listening_port, start
@@ -147,7 +148,7 @@ async def test_publish_frames_need_the_publish_scope(make_gateway: MakeGateway) 
 
 # ---------------------------------------------------------------- limits
 async def test_sockets_per_principal_are_capped(make_gateway: MakeGateway) -> None:
-    gw = await make_gateway(websocket_max_per_principal=2)
+    gw = await make_gateway(websocket_max_per_principal=2, metrics_access="loopback")
     pipe = await new_pipe(gw)
     first = await connect(gw, pipe["uri"])
     second = await connect(gw, pipe["uri"])
@@ -156,7 +157,7 @@ async def test_sockets_per_principal_are_capped(make_gateway: MakeGateway) -> No
     assert answer.headers is not None
     assert answer.headers["Retry-After"] == "1"
     await first.close()
-    await asyncio.sleep(0.1)  # the server side has let go of it
+    await until_waiting(gw, "websocket", 1)  # the server side has let go of it
     async with await connect(gw, pipe["uri"]) as third:
         await send(gw, pipe, "m")
         assert ids(await deliveries(third, 1)) == ["m"]

@@ -1,4 +1,4 @@
-"""Fixtures for the live page in headless Chromium (``gateway/page.py``, docs/BROWSER.md).
+"""Fixtures for the live page in headless Chromium (``gateway/admin/page.py``, docs/BROWSER.md).
 
 The browser is Debian's ``chromium`` at :data:`CHROMIUM` (``scripts/services``
 installs it), driven by Playwright's async API on the test's own event loop, next

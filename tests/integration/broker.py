@@ -279,8 +279,11 @@ class Broker:
 
     def close(self) -> None:
         with self._lock:
+            # A broker restarted meanwhile (a test's stop_app, or another run's) has
+            # dropped the connection already: there is nothing left to close.
             if self._conn is not None and self._conn.is_open:
-                self._conn.close()
+                with contextlib.suppress(pika.exceptions.StreamLostError):
+                    self._conn.close()
             self._conn = self._chan = None
 
     # -- internals

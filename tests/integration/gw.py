@@ -11,7 +11,7 @@ from typing import Any
 from bridges.amqp import AmqpBridge
 from bridges.config import parse
 from feeds.config import FeedConfig
-from gateway.bridging import BRIDGES
+from gateway.admin.bridging import BRIDGES
 from tests.app.jsonapi import AJ, DOMAIN, HJ, body
 from tests.conftest import Gateway, MakeGateway
 

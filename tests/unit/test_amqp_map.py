@@ -25,7 +25,7 @@ from bridges.amqp_map import (
     render_target,
     to_amqp,
 )
-from feeds.model import Blob, Part
+from feeds.service import Blob, Part
 from restms.document import NOT_XML
 from restms.errors import RestMSError
 from restms.specs import EmbeddedContent, MessageLimits, MessageSpec, build_message
@@ -391,12 +391,18 @@ def test_inbound_header_limit() -> None:
             id="embedded-base64",
         ),
         pytest.param(
-            [Blob(b"\x89PNG\x00", "image/png")], b"\x89PNG\x00", "image/png", id="staged-blob"
+            [Blob(data=b"\x89PNG\x00", content_type="image/png")],
+            b"\x89PNG\x00",
+            "image/png",
+            id="staged-blob",
         ),
         pytest.param(
-            [None, Blob(b"{}", "application/json")], b"{}", "application/json", id="one-left"
+            [None, Blob(data=b"{}", content_type="application/json")],
+            b"{}",
+            "application/json",
+            id="one-left",
         ),
-        pytest.param([Blob(b"raw", "")], b"raw", "None", id="no-content-type"),
+        pytest.param([Blob(data=b"raw", content_type="")], b"raw", "None", id="no-content-type"),
     ],
 )
 def test_outbound_body_is_one_data_section(
@@ -413,7 +419,7 @@ def test_outbound_body_is_one_data_section(
 
 def test_outbound_data_section_is_raw_bytes_on_the_wire() -> None:
     # One data section (descriptor 0x75) holding exactly the content's bytes.
-    encoded = to_amqp(spec(), [Blob(b"\x00\x01raw", "application/x")]).encode()
+    encoded = to_amqp(spec(), [Blob(data=b"\x00\x01raw", content_type="application/x")]).encode()
     assert encoded.endswith(b"\x00Su\xa0\x05\x00\x01raw")
 
 
@@ -680,25 +686,25 @@ def test_inbound_max_size() -> None:
         ),
         pytest.param(
             spec(headers=[("amqp.body", "value")]),
-            [Blob(b"\xff", "text/plain")],
+            [Blob(data=b"\xff", content_type="text/plain")],
             "not UTF-8 cannot be an AMQP string",
             id="value-text-not-utf8",
         ),
         pytest.param(
             spec(headers=[("amqp.body", "value")]),
-            [Blob(b"{oops", "application/json")],
+            [Blob(data=b"{oops", content_type="application/json")],
             "application/json content that is not JSON",
             id="value-not-json",
         ),
         pytest.param(
             spec(headers=[("amqp.body", "value")]),
-            [Blob(b"null", "application/json")],
+            [Blob(data=b"null", content_type="application/json")],
             "JSON null",
             id="value-json-null",
         ),
         pytest.param(
             spec(headers=[("amqp.body", "value")]),
-            [Blob(b"[18446744073709551615]", "application/json")],
+            [Blob(data=b"[18446744073709551615]", content_type="application/json")],
             "int too big",
             id="value-json-int-beyond-long",
         ),
@@ -992,7 +998,7 @@ ROUNDTRIP_ATTRS = {
                 ("amqp.group-sequence", "5"),
                 ("amqp.reply-to-group-id", "rg"),
             ],
-            Blob(b"\x1f\x8b\x00", "application/gzip"),
+            Blob(data=b"\x1f\x8b\x00", content_type="application/gzip"),
             id="fields-and-binary",
         ),
         pytest.param(
@@ -1106,7 +1112,7 @@ def gateway_messages(draw: st.DrawFn) -> tuple[MessageSpec, Part | None]:
         data = draw(st.binary(max_size=512))
         content_type = draw(CONTENT_TYPES)
         if draw(st.booleans()):
-            part = Blob(data, content_type)
+            part = Blob(data=data, content_type=content_type)
         else:
             value = base64.b64encode(data).decode()
             part = EmbeddedContent(type=content_type, encoding="base64", value=value)
@@ -1134,7 +1140,7 @@ def test_hypothesis_gateway_roundtrip(case: tuple[MessageSpec, Part | None]) -> 
 @SETTINGS
 @given(st.binary(max_size=2048))
 def test_hypothesis_binary_body_is_raw_bytes(data: bytes) -> None:
-    message = wire(to_amqp(spec(), [Blob(data, "application/octet-stream")]))
+    message = wire(to_amqp(spec(), [Blob(data=data, content_type="application/octet-stream")]))
     assert (message.inferred, body_bytes(message)) == (True, data)
     (content,) = from_amqp(message).contents
     assert isinstance(content, EmbeddedContent)

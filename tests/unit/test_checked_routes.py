@@ -6,9 +6,10 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
-from gateway.app import build_app
-from gateway.authn import UNCHECKED, UNCHECKED_UNDER, checks_every_path
-from gateway.config import Config
+from gateway.auth.authn import UNCHECKED, UNCHECKED_UNDER, checks_every_path
+from gateway.server.app import build_app
+from gateway.server.config import Config
+from main import open_engine
 
 
 async def _ok(request: web.Request) -> web.Response:
@@ -51,7 +52,8 @@ PATHS = [
 
 @pytest.mark.parametrize("path", PATHS)
 async def test_no_unchecked_path_reaches_a_checked_route(path: str) -> None:
-    app = build_app(Config(builtin_issuer=True))
+    config = Config(builtin_issuer=True)
+    app = build_app(config, open_engine(config))
     for method in ("GET", "POST"):
         match = await app.router.resolve(make_mocked_request(method, path, app=app))
         unchecked = path in UNCHECKED or path.startswith(UNCHECKED_UNDER)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from auth import User, is_loopback
-from gateway.config import Config, ConfigError, load
+from gateway.server.config import Config, ConfigError, load
 
 
 def test_defaults_listen_on_loopback_8080_with_var_data_dir() -> None:
@@ -40,7 +40,7 @@ def test_domains_and_configured_feeds_come_from_toml(tmp_path: Path) -> None:
     config = load(str(path), env={})
     assert config.domains == (("default", "default"), ("eu", "Europe"))
     assert config.feeds[0].name == "alerts"
-    assert config.engine().feeds[0].type == "topic"
+    assert config.engine_config().feeds[0].type == "topic"
 
 
 @pytest.mark.parametrize(
@@ -62,6 +62,8 @@ def test_domains_and_configured_feeds_come_from_toml(tmp_path: Path) -> None:
         ("dedup_window = -1\n", "dedup_window must not be negative"),
         ("pipe_idle_timeout = -5\n", "pipe_idle_timeout must not be negative"),
         ("idempotency_max = 0\n", "idempotency_max must be at least 1"),
+        ("account_failure_rate = -1\n", "account_failure_rate must not be negative"),
+        ("account_failure_burst = 0\n", "account_failure_burst must be at least 1"),
         ('dead_letter_feed = "a/b"\n', "dead_letter_feed: "),
         ('dead_letter_feed = "default"\n', "cannot be the default feed"),
         ("[[feeds]]\nbogus = 1\n", "bad [[feeds]] entry"),
@@ -172,3 +174,10 @@ def test_the_example_config_file_loads_with_its_documented_defaults() -> None:
     for key in ("rate_limit", "token_ttl", "header_timeout", "max_connections", "anonymous"):
         assert getattr(config, key) == getattr(defaults, key), key
     assert ("eu", ("eu-*",)) in config.domain_principals
+
+
+def test_max_attributes_reaches_the_decoders_and_is_at_least_1() -> None:
+    assert load(env={"RESTMS_MAX_ATTRIBUTES": "100"}).codec.max_attributes == 100
+    assert Config().codec.max_attributes == 64
+    with pytest.raises(ConfigError, match="max_attributes must be at least 1"):
+        Config(max_attributes=0)

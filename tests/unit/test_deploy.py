@@ -31,9 +31,9 @@ import trustme
 import yaml
 
 from bridges.config import AmqpBridgeConfig
-from gateway import mirroring
-from gateway.config import Config, load
-from gateway.shutdown import CANCEL_WAIT
+from gateway.admin import mirroring
+from gateway.server.config import Config, load
+from gateway.server.shutdown import CANCEL_WAIT
 from spark_sink import service
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -354,6 +354,12 @@ def test_compose_gateway_config_and_stop_grace() -> None:
     config = load(str(DEPLOY / mounted[config_path]), env={})
     assert config.analytics_master == "spark://spark-master:7077"
     assert seconds(gateway["stop_grace_period"]) >= config.shutdown_grace + STOP_EXTRA
+    # The origin clients use is the port published on the host; inside the container
+    # their connections are not loopback, so the names they use must be configured.
+    (published,) = (p for p in gateway["ports"] if p.endswith(":8080"))
+    address, port, _ = published.split(":")
+    assert config.public_url == f"http://localhost:{port}"
+    assert f"{address}:{port}" in config.allowed_hosts.replace(",", " ").split()
     # The bridges reach the broker by its service name, as the user compose makes.
     rabbit = compose()["services"]["rabbitmq"]["environment"]
     assert len(config.bridges) == 2
@@ -414,7 +420,7 @@ def test_containerfile_copies_only_what_exists_and_ignores_none_of_it() -> None:
                     copied += 1
     assert copied >= 8
     # Every package the gateway imports is in the image.
-    for package in ("restms", "feeds", "auth", "bridges", "gateway", "spark_sink"):
+    for package in ("restms", "feeds", "auth", "bridges", "gateway", "admincli", "spark_sink"):
         assert any(f"COPY {package} " in line for _, lines in stages() for line in lines)
 
 
@@ -427,9 +433,9 @@ def test_containerfile_copies_every_file_the_code_reads_from_the_project() -> No
         for line in lines
         if line.startswith("COPY ") and "--from=" not in line
     }
-    pattern = re.compile(r"(?:parents\[1\]|\bROOT)\s*/\s*\"([^\"]+)\"")
+    pattern = re.compile(r"(?:parents\[\d\]|\bROOT)\s*/\s*\"([^\"]+)\"")
     read = set()
-    for package in ("restms", "feeds", "auth", "bridges", "gateway", "spark_sink"):
+    for package in ("restms", "feeds", "auth", "bridges", "gateway", "admincli", "spark_sink"):
         for module in (ROOT / package).rglob("*.py"):
             read |= set(pattern.findall(module.read_text(encoding="utf-8")))
     assert read  # the scan finds what it looks for

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from feeds import Engine, EngineConfig
+from feeds import EngineConfig
+from feeds.engine import Engine
 from feeds.model import Blob, Feed, Join, PartRef, Pipe, Slot, StagedContent
 from restms.errors import BadRequest, Forbidden, NotFound, ServiceUnavailable
 from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, LinkedContent, MessageSpec, PipeSpec

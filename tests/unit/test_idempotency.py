@@ -3,7 +3,7 @@ count and bytes, oldest first."""
 
 from __future__ import annotations
 
-from gateway.idempotency import Kept, Replies
+from gateway.restms.idempotency import Kept, Replies
 
 
 def kept(at: float, size: int = 1, fingerprint: bytes = b"f") -> Kept:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from restms import (
     BadRequest,
@@ -17,6 +20,9 @@ from restms import (
     to_json,
     to_xml,
 )
+from restms.jsoncodec import unique_keys
+from restms.specs import PROPERTIES
+from tests.examples import examples
 
 WORKED_XML = b"""<?xml version="1.0"?>
 <restms xmlns="http://www.restms.org/schema/restms">
@@ -166,6 +172,24 @@ def test_J3_scalars_become_strings(value: object, expected: str) -> None:
 def test_J3_null_attribute_counts_as_absent() -> None:
     document = parse_json(doc({"restms": {"feed": [{"name": "x", "title": None}]}}))
     assert document.elements[0].attrs == {"name": "x"}
+
+
+def _placed_xml(tag: str, inner: str) -> bytes:
+    """An XML document holding a ``tag`` element with ``inner`` where that type belongs."""
+    body = f"<{tag}>{inner}</{tag}>"
+    for outer in reversed(_PLACES[tag]):
+        body = f"<{outer}>{body}</{outer}>"
+    return f"<restms>{body}</restms>".encode()
+
+
+@pytest.mark.parametrize(
+    ("tag", "name"), [(tag, name) for tag in sorted(PROPERTIES) for name in sorted(PROPERTIES[tag])]
+)
+def test_J3_a_property_written_as_a_child_is_refused_in_xml_as_in_json(tag: str, name: str) -> None:
+    with pytest.raises(BadRequest, match=f'^property "{name}" of <{tag}> must be an attribute$'):
+        parse_xml(_placed_xml(tag, f'<{name} v="x"/>'))
+    with pytest.raises(BadRequest, match=f'^property "{name}" of <{tag}> must be a string'):
+        parse_json(_placed(tag, {name: [{"v": "x"}]}))
 
 
 @pytest.mark.parametrize("key", ["value", "#text"])
@@ -346,3 +370,198 @@ def test_G3_xmlns_properties_in_json_are_dropped_not_echoed() -> None:
     (feed,) = document.elements
     assert dict(feed.attrs) == {"name": "f"}
     assert b"urn:x" not in to_xml(document)
+
+
+# ---------------------------------------------------------------- keys per object
+def keys(count: int) -> dict[str, str]:
+    return {f"a{n}": "v" for n in range(count)}
+
+
+def test_key_limit_allows_exactly_the_limit() -> None:
+    document = parse_json(doc({"restms": {"feed": [keys(3)]}}), CodecLimits(max_attributes=3))
+    assert document.elements[0].attrs == keys(3)
+
+
+@pytest.mark.parametrize(
+    ("body", "element"),
+    [
+        pytest.param({"feed": [keys(4)]}, "feed", id="properties"),
+        pytest.param(
+            {"message": [{**keys(2), "header": [], "content": []}]}, "message", id="mixed"
+        ),
+        pytest.param({"message": [{"header": [{"name": "h", **keys(3)}]}]}, "header", id="nested"),
+        pytest.param(keys(4), "restms", id="root"),
+    ],
+)
+def test_key_limit_refuses_more_naming_the_element(body: dict[str, object], element: str) -> None:
+    # An object's keys are its attributes, child arrays and text included.
+    with pytest.raises(BadRequest, match=f"<{element}> has more than 3 attributes"):
+        parse_json(doc({"restms": body}), CodecLimits(max_attributes=3))
+
+
+def test_names_are_at_most_as_long_as_xml_allows() -> None:
+    longest = "a" * 50_000
+    assert parse_json(doc({"restms": {"feed": [{longest: "v"}]}})).elements[0].attrs == {
+        longest: "v"
+    }
+    with pytest.raises(BadRequest, match=r"'aaaa.*\.\.\. \(50001 characters\) is not a valid"):
+        parse_json(doc({"restms": {"feed": [{longest + "a": "v"}]}}))
+
+
+# Where each element type sits in a document (the element types enclosing it), so that
+# a wrongly typed property is tried where that element really is.
+_PLACES = {
+    "domain": (),
+    "profile": ("domain",),
+    "feed": (),
+    "pipe": (),
+    "join": ("pipe",),
+    "message": (),
+    "header": ("message",),
+    "content": ("message",),
+}
+_SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), st.text(max_size=3)
+)
+_NOT_STRINGS = st.one_of(
+    st.dictionaries(st.sampled_from(["v", "x", "value", "#text", "name"]), _SCALARS, max_size=3),
+    st.lists(st.one_of(_SCALARS, st.dictionaries(st.just("a"), _SCALARS)), max_size=3),
+)
+
+
+def _placed(tag: str, element: dict[str, Any]) -> bytes:
+    """A JSON document holding ``element`` (of type ``tag``) where that type belongs."""
+    body: dict[str, Any] = {tag: [element]}
+    for outer in reversed(_PLACES[tag]):
+        body = {outer: [body]}
+    return orjson.dumps({"restms": body})
+
+
+def test_every_element_with_properties_has_a_place() -> None:
+    assert set(PROPERTIES) == set(_PLACES)
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(
+    st.sampled_from(
+        [(tag, name) for tag in sorted(PROPERTIES) for name in sorted(PROPERTIES[tag])]
+    ),
+    _NOT_STRINGS,
+    st.booleans(),
+)
+def test_J3_an_object_or_array_where_a_property_belongs_is_refused(
+    property_: tuple[str, str], wrong: Any, among_others: bool
+) -> None:
+    tag, name = property_
+    element = {"title": "t", name: wrong, "zz": 1} if among_others else {name: wrong}
+    with pytest.raises(BadRequest) as refused:
+        parse_json(_placed(tag, element))
+    kind = "an array" if isinstance(wrong, list) else "an object"
+    assert str(refused.value) == f'property "{name}" of <{tag}> must be a string, not {kind}'
+
+
+@pytest.mark.parametrize("key", ["value", "#text"])
+@pytest.mark.parametrize("wrong", [{"v": "x"}, [], ["x"]])
+def test_J3_J5_a_content_text_that_is_an_object_or_array_is_refused(key: str, wrong: Any) -> None:
+    with pytest.raises(BadRequest, match=f'"{key}" of <content> must be a string'):
+        parse_json(_placed("content", {"type": "text/plain", key: wrong}))
+
+
+def test_G6_an_unknown_key_holding_an_object_stays_an_unknown_child_as_in_xml() -> None:
+    as_json = parse_json(_placed("feed", {"name": "f", "gadget": {"size": "3"}}))
+    as_xml = parse_xml(b'<restms><feed name="f"><gadget size="3"/></feed></restms>')
+    assert as_json == as_xml
+
+
+def test_J3_numbers_and_booleans_still_become_strings() -> None:
+    got = parse_json(_placed("pipe", {"lease": 5, "durable": True, "title": None}))
+    assert got.elements[0].attrs == {"lease": "5", "durable": "1"}
+
+
+_REPEATED = [
+    b'{"restms": {}, "restms": null}',
+    b'{"restms": {"feed": [{"name": "a"}], "feed": [{"name": "b"}]}}',
+    b'{"restms": {"feed": [{"name": "a", "type": "topic", "name": "b"}]}}',
+    b'{"restms": {"message": [{"address": "a", "header": [{"name": "n", "name": "m"}]}]}}',
+    b'{"restms": {"message": [{"content": [{"type": "text/plain", "value": "a", "value": "b"}]}]}}',
+    b'{"restms": {"pipe": [{"join": [{"feed": "f", "address": "a" , "address" :"b"}]}]}}',
+    b'{"restms": {"feed": [{"name": "a:b", "gadget": {"size": "1", "size": "2"}}]}}',
+    b'{"other": {"x": 1, "x": 2}, "restms": {}}',
+    rb'{"restms": {"message": [{"address": "\": \"", "address": "b"}]}}',
+]
+
+
+@pytest.mark.parametrize("body", _REPEATED)
+def test_a_repeated_key_at_any_level_is_refused(body: bytes) -> None:
+    json.loads(body)  # valid JSON otherwise
+    with pytest.raises(BadRequest, match="JSON object repeats the key"):
+        parse_json(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        rb'{"restms": {"message": [{"address": "a:b", "x": "{\"x\": 1, \"x\": 2}"}]}}',
+        b'{"restms": {}, "other": {"x": {"y": 1}, "z": [{"y": 2}]}}',
+        b'{"restms" : {"feed" : [ {"name" : "http://a:b"} ]}}',
+    ],
+)
+def test_colons_in_strings_and_unread_objects_are_no_repeated_keys(body: bytes) -> None:
+    assert parse_json(body) == parse_json(orjson.dumps(json.loads(body)))
+
+
+def test_objects_outside_restms_are_read_for_repeats_within_the_limits() -> None:
+    # A colon in a string makes the keys be counted again, by the standard parser.
+    many = b'{"restms": {"feed": [{"name": "a:b"}]}, "x": [%s]}' % b",".join([b'{"k": 1}'] * 5)
+    assert parse_json(many, CodecLimits(max_elements=6)).elements[0].attrs == {"name": "a:b"}
+    with pytest.raises(BadRequest, match="document has too many elements"):
+        parse_json(many, CodecLimits(max_elements=5))  # the feed and 5 more
+    deep = b'{"restms": {"feed": [{"name": "a:b"}]}, "x": %s1%s}' % (b'{"k":' * 1000, b"}" * 1000)
+    with pytest.raises(BadRequest, match="document nested deeper than 16 levels"):
+        parse_json(deep)
+
+
+_TEXT = st.text(st.sampled_from(["a", ":", '"', "\\", " ", "\u00e9", "\n"]), max_size=4)
+
+
+def _pairs_json(pairs: list[tuple[str, str]]) -> str:
+    return "{" + ", ".join(f"{json.dumps(k)} :{v}" for k, v in pairs) + "}"
+
+
+_OBJECTS = st.recursive(
+    st.lists(st.tuples(_TEXT, _TEXT.map(json.dumps)), max_size=4).map(_pairs_json),
+    lambda inner: st.lists(
+        st.tuples(
+            st.one_of(_TEXT, st.just("k")),
+            st.one_of(
+                _TEXT.map(json.dumps),
+                inner,
+                st.lists(inner, max_size=2).map(", ".join).map("[{}]".format),
+            ),
+        ),
+        max_size=4,
+    ).map(_pairs_json),
+    max_leaves=8,
+)
+
+
+def _keys(value: Any) -> int:
+    if isinstance(value, dict):
+        return len(value) + sum(map(_keys, value.values()))
+    if isinstance(value, list):
+        return sum(map(_keys, value))
+    return 0
+
+
+@settings(max_examples=examples(600), deadline=None)
+@given(_OBJECTS)
+def test_unique_keys_is_true_exactly_when_no_object_repeats_a_key(text: str) -> None:
+    body = text.encode()
+    repeated = [False]
+
+    def note(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        repeated[0] |= len(dict(pairs)) != len(pairs)
+        return dict(pairs)
+
+    json.loads(body, object_pairs_hook=note)
+    assert unique_keys(body, _keys(orjson.loads(body))) is not repeated[0], body

@@ -28,8 +28,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from feeds import Engine, EngineConfig
+from feeds import EngineConfig
 from feeds.config import SYSTEM_FEED
+from feeds.engine import Engine
 from feeds.mirroring import emit_feed, emit_publish
 from feeds.model import Feed, StagedContent
 from restms.specs import (
@@ -42,7 +43,7 @@ from restms.specs import (
     PipeSpec,
 )
 from spark_sink import schema, writer
-from spark_sink.lake import RequestRows, record_batch
+from spark_sink.lake import SCHEMA, RequestRows, record_batch
 from spark_sink.mirror import Mirror, MirrorConfig, redact
 from spark_sink.schema import Event
 
@@ -121,7 +122,7 @@ def test_events_round_trip_through_the_lake(tmp_path: Path) -> None:
     ]
     assert all(re.fullmatch(r"part-\d{8}T\d{6}Z-[0-9a-f]{12}\.parquet", f.name) for f in files)
     for f in files:
-        assert pq.read_schema(f).remove_metadata() == schema.SCHEMA
+        assert pq.read_schema(f).remove_metadata() == SCHEMA
     table = read_lake(lake)
     assert table.schema.names == [*schema.COLUMNS, "date", "hour"]
     rows = table.to_pylist()
@@ -318,7 +319,8 @@ def _published(
         for pipe in pipes:
             if pipe.max_messages == 1:  # the tests' full pipe: every copy past its first
                 for spec in messages[1:] if not before[pipe] else messages:
-                    size = sum(len(c.value) for c in spec.contents)  # embedded only here
+                    # its head and contents, all embedded here
+                    size = spec.head_size + sum(len(c.value) for c in spec.contents)
                     emit_feed(expected.append, "drop", now, feed, spec, size, None, "full", pipe)
         assert len(expected) - len(messages) - sum(
             len(p.messages) - len(before[p]) for p in pipes

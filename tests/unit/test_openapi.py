@@ -11,12 +11,13 @@ from openapi_spec_validator import validate
 
 from auth.issuer import TOKEN_PATH
 from auth.scopes import ACTIONS, PREFIX
-from gateway.app import build_app
-from gateway.authn import PUBLIC
-from gateway.config import Config
-from gateway.middleware import UNROUTED
-from gateway.oauth import PUBLIC_PATHS
-from gateway.resources import METHODS
+from gateway.auth.authn import PUBLIC
+from gateway.auth.oauth import PUBLIC_PATHS
+from gateway.restms.resources import METHODS
+from gateway.server.app import build_app
+from gateway.server.config import Config
+from gateway.server.middleware import UNROUTED
+from main import open_engine
 
 SPEC = Path(__file__).resolve().parents[2] / "openapi" / "openapi.yaml"
 VERBS = ("get", "put", "post", "delete", "head", "options", "patch", "trace")
@@ -35,7 +36,8 @@ def _served_paths() -> set[str]:
 def _served_methods() -> dict[str, set[str]]:
     """Every path template the router serves, with its methods ("*": any)."""
     served: dict[str, set[str]] = {}
-    for resource in build_app(Config()).router.resources():
+    config = Config()
+    for resource in build_app(config, open_engine(config)).router.resources():
         if resource.name == UNROUTED:  # every path: the router's 404 and 405, not an API
             continue
         served.setdefault(resource.canonical, set()).update(r.method for r in resource)
@@ -185,14 +187,14 @@ def test_restms_documents_are_described_in_both_media_types() -> None:
 
 
 def test_every_error_is_described_as_text_plain() -> None:
-    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400 and 401
-    (RFC 6749 section 5.2: JSON)."""
+    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400, 401 and
+    429 (RFC 6749 section 5.2: JSON)."""
     spec = _spec()
     for path, verb, operation in _operations(spec):
         for status, reply in operation["responses"].items():
             if status[0] not in "45":
                 continue
             content = set(_resolved(spec, reply).get("content", {}))
-            rfc6749 = path == TOKEN_PATH and status in ("400", "401")
+            rfc6749 = path == TOKEN_PATH and status in ("400", "401", "429")
             expected = {"application/json"} if rfc6749 else {"text/plain"}
             assert content == expected, (path, verb, status, content)

@@ -88,3 +88,38 @@ def test_a_damaged_file_stops_the_start(tmp_path: Path, content: bytes) -> None:
     path.write_bytes(content)
     with pytest.raises(ValueError, match=r"revoked\.json|client id"):
         Revocations(path, KEEP, Clock()).load()
+
+
+def test_another_writer_is_seen_and_never_overwritten(tmp_path: Path) -> None:
+    """The gateway and ``main.py client revoke`` both write the file: each keeps the
+    other's entries, and :meth:`Revocations.refresh` reports what the other added."""
+    clock = Clock()
+    path = tmp_path / "oauth" / "revoked.json"
+    gateway, offline = Revocations(path, KEEP, clock), Revocations(path, KEEP, clock)
+    gateway.load()
+    assert gateway.refresh() == []
+    offline.revoke("a")
+    assert gateway.refresh() == ["a"]
+    assert gateway.refresh() == []  # the same version: not read again
+    clock.now += 5
+    gateway.revoke("b")  # written over a file holding "a": "a" stays
+    offline.revoke("c")  # this writer never read "b": it stays too
+    assert sorted(gateway.refresh()) == ["c"]
+    assert set(json.loads(path.read_text())["revoked"]) == {"a", "b", "c"}
+    assert gateway.refuses("a", clock.now - 10)
+    assert gateway.refuses("c", clock.now - 10)
+
+
+def test_a_damaged_file_while_running_keeps_what_was_read(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "revoked.json"
+    revoked = Revocations(path, KEEP, clock)
+    revoked.revoke("a")
+    path.write_bytes(b"{")
+    with pytest.raises(ValueError, match=r"revoked\.json"):
+        revoked.refresh()
+    assert revoked.refresh() == []  # reported once per version
+    assert revoked.refuses("a", clock.now - 1)
+    path.unlink()  # a list removed by hand revokes nothing back either
+    assert revoked.refresh() == []
+    assert revoked.refuses("a", clock.now - 1)

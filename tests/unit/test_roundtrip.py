@@ -10,6 +10,7 @@ text and an absent one are the same value here (J5: neither has a ``"value"``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import given, settings
@@ -17,12 +18,14 @@ from hypothesis import strategies as st
 
 from restms import Document, Element, parse_json, parse_xml, to_json, to_xml
 from restms.document import grouped
+from restms.specs import PROPERTIES
 from tests.examples import examples
 
 SETTINGS = settings(max_examples=examples(200), deadline=None)
 
 TAGS = ("feed", "pipe", "join", "message", "header", "content", "domain", "profile")
-# Property names never equal a child type (J4), and "value" on <content> is its text (J5).
+# Property names never equal a child type of their element (J4, _kids), and "value" on
+# <content> is its text (J5).
 ATTR_NAMES = (
     "name",
     "type",
@@ -65,8 +68,18 @@ def _element(
     children: st.SearchStrategy[tuple[Element, ...]],
 ) -> st.SearchStrategy[Element]:
     return st.one_of(
-        [st.builds(Element, st.just(tag), _ATTRS[tag], children, _TEXTS[tag]) for tag in TAGS]
+        [
+            st.builds(Element, st.just(tag), _ATTRS[tag], children.map(_kids(tag)), _TEXTS[tag])
+            for tag in TAGS
+        ]
     )
+
+
+def _kids(tag: str) -> Callable[[tuple[Element, ...]], tuple[Element, ...]]:
+    """Children the grammar allows a ``tag``: none named as one of its properties (J4;
+    JSON refuses an object under a property's name, J3), such as a join's ``feed``."""
+    properties = PROPERTIES[tag]
+    return lambda kids: tuple(kid for kid in kids if kid.tag not in properties)
 
 
 ELEMENTS = st.recursive(

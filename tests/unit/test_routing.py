@@ -220,6 +220,12 @@ def test_F12_invalid_regexp_is_400(pattern: str) -> None:
         matcher("regexp", pattern, ())
 
 
+def test_an_invalid_regexp_is_refused_with_re2s_reason_as_text() -> None:
+    with pytest.raises(BadRequest) as refused:
+        matcher("regexp", "a((", ())
+    assert refused.value.reason == "join address is not a valid RE2 pattern: missing ): a(("
+
+
 def test_F12_overlong_regexp_is_400() -> None:
     with pytest.raises(BadRequest):
         matcher("regexp", "a" * (MAX_PATTERN + 1), ())

@@ -6,6 +6,7 @@ Documents are built with the XML codec so each case reads like what a client sen
 from __future__ import annotations
 
 import base64
+import json
 
 import pytest
 
@@ -449,6 +450,49 @@ def test_M5_too_many_contents_is_payload_too_large() -> None:
     assert len(messages(xml("<message><content/></message>"), limits)[0].contents) == 1
     with pytest.raises(PayloadTooLarge):
         messages(xml("<message><content/><content>x</content></message>"), limits)
+
+
+@pytest.mark.parametrize("fmt", ["xml", "json"])
+@pytest.mark.parametrize("path", ["direct", "generic"])
+def test_one_headers_size_is_bounded_and_every_path_weighs_the_head_alike(
+    fmt: str, path: str
+) -> None:
+    """max_header_bytes bounds one header's name and value (413 naming it), on the
+    scanner's and JSON's direct paths and the generic one; each weighs a message's
+    address, properties and headers as MessageSpec itself does."""
+    from restms import Format, decode, fastpath
+    from restms.xmlcodec import CodecLimits
+
+    limits, codec = MessageLimits(max_header_bytes=20), CodecLimits()
+    kind = Format.XML if fmt == "xml" else Format.JSON
+
+    def read(value: str) -> tuple[MessageSpec, ...]:
+        attrs = {"address": "a.b", "message_id": "m1"}
+        headers = [{"name": "h", "value": "v"}, {"name": "x-big", "value": value}]
+        if fmt == "json":
+            message = {**attrs, "header": headers, "content": [{"value": "body"}]}
+            body = json.dumps({"restms": {"message": [message]}}).encode()
+        else:
+            head = " ".join(f'{k}="{v}"' for k, v in attrs.items())
+            tags = "".join(f'<header name="{h["name"]}" value="{h["value"]}"/>' for h in headers)
+            body = f"<restms><message {head}>{tags}<content>body</content></message></restms>"
+            body = body.encode()
+        if path == "direct":
+            found = fastpath.direct(body, kind, codec, limits)
+            assert found is not None  # the plain shape: not left to the generic path
+            return found
+        return messages(decode(body, kind, codec), limits)
+
+    (spec,) = read("v" * 15)  # 5 + 15: at the bound
+    assert spec.head_size == sum(map(len, ("a.b", "message_id", "m1", "h", "v", "x-big"))) + 15
+    assert (
+        spec.head_size
+        == MessageSpec(address=spec.address, props=spec.props, headers=spec.headers).head_size
+    )
+    with pytest.raises(PayloadTooLarge) as info:
+        read("v" * 16)
+    assert "'x-big'" in info.value.reason
+    assert "20" in info.value.reason
 
 
 def test_M5_limit_errors_are_413() -> None:

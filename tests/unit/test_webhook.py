@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from feeds.webhook import TRANSITIONS, Hook, StateError, apply_change
-from gateway.config import Config, ConfigError, load
-from gateway.webhook_guard import Guard, parse_allow, refusal, split_allow
+from gateway.server.config import Config, ConfigError, load
+from gateway.webhooks.guard import Guard, parse_allow, refusal, split_allow
 from restms.errors import BadRequest
 from restms.specs import PipeOptions, PipeSpec, creation, update
 from restms.webhook import (
@@ -416,7 +416,7 @@ def test_webhook_settings_from_toml_and_environment(tmp_path: Path) -> None:
     )
     config = load(str(path), env={"RESTMS_WEBHOOK_CONCURRENCY": "4"})
     assert split_allow(config.webhook_allow) == ["10.0.0.0/8", "hooks.internal"]
-    limits = config.engine().webhooks
+    limits = config.engine_config().webhooks
     assert (limits.timeout, limits.concurrency, limits.concurrency_limit) == (5.0, 4, 16)
 
 
@@ -433,3 +433,11 @@ def test_webhook_settings_from_toml_and_environment(tmp_path: Path) -> None:
 def test_bad_webhook_settings_stop_the_gateway(overrides: dict[str, Any], reason: str) -> None:
     with pytest.raises(ConfigError, match=reason):
         Config(**overrides)
+
+
+def test_no_repr_shows_a_pipes_secret() -> None:
+    secret = "a-secret-nobody-may-log-1234"
+    options = WebhookOptions(callback="https://example.net/hook", secret=secret)
+    assert secret not in repr(options)
+    assert "https://example.net/hook" in repr(options)
+    assert options.secret == secret

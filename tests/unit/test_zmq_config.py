@@ -10,7 +10,7 @@ import pytest
 import zmq
 
 from bridges.config import ZmqBridgeConfig, parse
-from gateway.config import ConfigError, load
+from gateway.server.config import ConfigError, load
 
 PUBLIC, SECRET = (key.decode() for key in zmq.curve_keypair())
 

@@ -23,7 +23,7 @@ from bridges.zmq_wire import (
     error_frames,
     error_of,
 )
-from feeds.model import Blob, Part
+from feeds.service import Blob, Part
 from restms.document import NOT_XML
 from restms.names import MAX_ADDRESS
 from restms.specs import (
@@ -101,23 +101,36 @@ def plain(value: str, type: str = "text/plain") -> EmbeddedContent:
             id="headers-order-repeats-empty-value",
         ),
         pytest.param(spec(), [plain("héllo\n\tworld\r\n")], "plain", id="plain-text"),
-        pytest.param(spec(), [Blob(b"\x00\x01\xff", OCTET)], "base64", id="binary-blob"),
-        pytest.param(spec(), [Blob(b"\xef\xbf\xbe", "text/plain")], "base64", id="u+fffe"),
-        pytest.param(spec(), [Blob(b"x\x0by", "text/plain")], "base64", id="vertical-tab"),
-        pytest.param(spec(), [Blob(b"\xef\xbf\xbd\x7f", "text/x")], "plain", id="u+fffd-del"),
+        pytest.param(
+            spec(), [Blob(data=b"\x00\x01\xff", content_type=OCTET)], "base64", id="binary-blob"
+        ),
+        pytest.param(
+            spec(), [Blob(data=b"\xef\xbf\xbe", content_type="text/plain")], "base64", id="u+fffe"
+        ),
+        pytest.param(
+            spec(), [Blob(data=b"x\x0by", content_type="text/plain")], "base64", id="vertical-tab"
+        ),
+        pytest.param(
+            spec(),
+            [Blob(data=b"\xef\xbf\xbd\x7f", content_type="text/x")],
+            "plain",
+            id="u+fffd-del",
+        ),
         pytest.param(
             spec(),
             [EmbeddedContent(type="text/csv", encoding="base64", value="YSxi")],
             "plain",
             id="base64-text-becomes-plain",
         ),
-        pytest.param(spec(), [Blob(b"", "application/json")], "plain", id="empty-with-type"),
+        pytest.param(
+            spec(), [Blob(data=b"", content_type="application/json")], "plain", id="empty-with-type"
+        ),
         pytest.param(spec(), [plain("", "")], "plain", id="empty-type"),
         pytest.param(spec(), [None, plain("kept"), None], "plain", id="deleted-parts-skipped"),
         pytest.param(spec(), [None], None, id="all-parts-deleted"),
         pytest.param(
             spec({"address": "k", "message_id": "1"}, [("h", "v")]),
-            [Blob(bytes(range(256)), "image/png")],
+            [Blob(data=bytes(range(256)), content_type="image/png")],
             "base64",
             id="everything",
         ),
@@ -148,7 +161,9 @@ def test_roundtrip(message: MessageSpec, parts: list[Part | None], encoding: str
         pytest.param(spec(), [], {"v": 1}, id="bare"),
         pytest.param(spec({"priority": "1"}), [], {"v": 1, "p": {"priority": "1"}}, id="props"),
         pytest.param(spec({}, [("a", "1")]), [], {"v": 1, "h": [["a", "1"]]}, id="headers"),
-        pytest.param(spec(), [Blob(b"", OCTET)], {"v": 1, "t": OCTET}, id="typed-body"),
+        pytest.param(
+            spec(), [Blob(data=b"", content_type=OCTET)], {"v": 1, "t": OCTET}, id="typed-body"
+        ),
     ],
 )
 def test_envelope_is_compact(
@@ -159,7 +174,7 @@ def test_envelope_is_compact(
 
 def test_encode_multiple_contents_is_unmappable() -> None:
     with pytest.raises(Unmappable, match="2 contents"):
-        encode(spec(), [plain("a"), None, Blob(b"b", OCTET)])
+        encode(spec(), [plain("a"), None, Blob(data=b"b", content_type=OCTET)])
 
 
 def test_encode_text_that_is_not_unicode_is_unmappable() -> None:
@@ -378,7 +393,7 @@ def gateway_messages(draw: st.DrawFn) -> tuple[MessageSpec, list[Part | None]]:
         content_type = draw(CONTENT_TYPES)
         value = base64.b64encode(data).decode()
         part: Part = (
-            Blob(data, content_type)
+            Blob(data=data, content_type=content_type)
             if draw(st.booleans())
             else EmbeddedContent(type=content_type, encoding="base64", value=value)
         )

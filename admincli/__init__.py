@@ -1,0 +1,1 @@
+"""The admin command-line client: drives a running gateway's HTTP API."""

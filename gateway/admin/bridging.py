@@ -1,0 +1,165 @@
+"""Bridges in the gateway: the engine service they reach the engine through, their
+lifecycle on the app's cleanup context, and the admin resource that manages them at
+run time.
+
+Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
+
+    GET    /admin/bridges               every bridge the caller administers, with status
+    POST   /admin/bridges               create one (201 + Location; 200 if identical)
+    GET    /admin/bridges/{name}        one bridge's status
+    DELETE /admin/bridges/{name}        stop and forget it (409 while messages wait,
+                                        unless ?discard=true; 403 for configured ones)
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from aiohttp import web
+
+from auth import Principal
+from bridges.base import Host
+from bridges.common import OWNER_PREFIX
+from bridges.config import parse
+from bridges.registry import AnyBridge, Registry
+from feeds.service import DEFAULT_DOMAIN, EngineService
+from gateway.auth.authn import PRINCIPAL
+from gateway.restms import http
+from gateway.server.keys import CONFIG, SERVICE
+from gateway.server.state import STATE
+from restms.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    InsufficientScope,
+    NotFound,
+)
+
+BRIDGES_PATH = "/admin/bridges"
+
+
+def keep_bridge_pipe(owner: str) -> None:
+    """409 for a bridge's own pipe (``owner`` is the pipe's), which goes with its bridge:
+    deleted alone, the bridge would make another at once, and what waited in it to be
+    sent would be lost."""
+    if owner.startswith(OWNER_PREFIX):
+        bridge = owner.removeprefix(OWNER_PREFIX)
+        raise Conflict(
+            f"pipe is bridge {bridge!r}'s: delete the bridge instead "
+            f"({BRIDGES_PATH}/{bridge}), and its pipe goes with it"
+        )
+
+
+def make_host(app: web.Application) -> Host:
+    """What the bridges get: the app's engine service, and the system feed."""
+    service, config = app[SERVICE], app[CONFIG]
+    events = service.events
+    return Host(
+        engine=service,
+        notify=events.bridge if events is not None else None,
+        system_feed=events.name if events is not None else None,
+        max_pipe_messages=config.max_pipe_messages,
+        max_pipe_bytes=config.max_pipe_bytes,
+    )
+
+
+def make_registry(app: web.Application) -> Registry:
+    config = app[CONFIG]
+    state = Path(config.data_dir) / "bridges.json" if config.store == "sqlite" else None
+    return Registry(make_host(app), config.bridges, state_file=state, max_body=config.max_body)
+
+
+BRIDGES = web.AppKey("bridges", Registry)
+
+
+async def bridges_context(app: web.Application) -> AsyncIterator[None]:
+    """Start every bridge once the store is restored; stop them before it closes."""
+    registry = app[BRIDGES]
+    await registry.start()
+    yield
+    await registry.stop()
+
+
+# ---------------------------------------------------------------- the admin resource
+async def _may_admin(principal: Principal, service: EngineService, feed: str) -> bool:
+    """Whether ``principal`` administers the public feed named ``feed`` (a feed not
+    made yet: as in the default domain, where a bridge's feed is made)."""
+    try:
+        found = await service.feed(None, feed)
+    except NotFound:
+        found = None
+    domain = found.domain if found is not None and found.name is not None else DEFAULT_DOMAIN
+    return principal.grants.allows("admin", domain, feed)
+
+
+async def _need_admin(request: web.Request, feed: str) -> None:
+    if not await _may_admin(request[PRINCIPAL], request[STATE].service, feed):
+        raise InsufficientScope(
+            f"bridges need the restms:admin scope for feed {feed!r}", "restms:admin"
+        )
+
+
+def _need_some_admin(request: web.Request) -> Principal:
+    """403 before anything else for a principal that administers no feed at all, so
+    it can neither list bridges nor tell a bridge's name from one never made."""
+    principal = request[PRINCIPAL]
+    if not any(s.action == "admin" for s in principal.grants.scopes):
+        raise InsufficientScope("bridges need the restms:admin scope", "restms:admin")
+    return principal
+
+
+async def list_bridges(request: web.Request) -> web.Response:
+    principal = _need_some_admin(request)
+    service = request[STATE].service
+    shown = [
+        b.status()
+        for b in request.app[BRIDGES]
+        if await _may_admin(principal, service, b.config.feed)
+    ]
+    return http.json_reply({"bridges": shown})
+
+
+async def create_bridge(request: web.Request) -> web.Response:
+    _need_some_admin(request)
+    entry = await http.read_json(request, "a bridge definition")
+    try:
+        config = parse(entry)
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from exc
+    await _need_admin(request, config.feed)
+    bridge, created = await request.app[BRIDGES].create(config)
+    location = f"{http.origin(request)}{BRIDGES_PATH}/{bridge.name}"
+    return http.json_reply(bridge.status(), 201 if created else 200, location)
+
+
+async def _visible_bridge(request: web.Request) -> AnyBridge:
+    """The bridge the path names; to an admin of other feeds it is absent (the same 404
+    as for a name never used)."""
+    principal = _need_some_admin(request)
+    name = request.match_info["name"]
+    bridge = request.app[BRIDGES].get(name)
+    if not await _may_admin(principal, request[STATE].service, bridge.config.feed):
+        raise NotFound(f"no bridge named {name!r}")
+    return bridge
+
+
+async def get_bridge(request: web.Request) -> web.Response:
+    return http.json_reply((await _visible_bridge(request)).status())
+
+
+async def delete_bridge(request: web.Request) -> web.Response:
+    bridge = await _visible_bridge(request)
+    registry = request.app[BRIDGES]
+    discard = request.query.get("discard", "").lower() in ("1", "true", "yes")
+    if bridge.configured:
+        raise Forbidden(f"bridge {bridge.name!r} is in the configuration file: remove it there")
+    dropped = await registry.delete(bridge.name, discard=discard)
+    return http.json_reply({"deleted": bridge.name, "discarded": dropped})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get(BRIDGES_PATH, list_bridges)
+    app.router.add_post(BRIDGES_PATH, create_bridge)
+    app.router.add_get(BRIDGES_PATH + "/{name}", get_bridge)
+    app.router.add_delete(BRIDGES_PATH + "/{name}", delete_bridge)

@@ -1,0 +1,170 @@
+"""The concerns every request passes, around every route's handler.
+
+In this order, each a readable unit of its own:
+
+1. **Errors.** :func:`error_reply` turns every failure into a ``text/plain`` reply
+   with a precise status (S4). It is the only place where exceptions become HTTP.
+2. **Shutdown.** :meth:`gateway.server.shutdown.InFlight.admit` answers 503 once shutdown has
+   begun and otherwise counts the request as in flight until its reply is made; once
+   shutdown has begun, every reply closes its connection (``Connection: close``).
+3. **Who.** :func:`gateway.server.proxies.relayed` takes the client's address, scheme and
+   host from a trusted proxy's ``X-Forwarded-*`` headers (when ``trusted_proxies``
+   names any); :meth:`gateway.server.hosts.Hosts.check` answers 421 to a host not served
+   here (before a credential is checked for it); then
+   :func:`gateway.auth.authn.authenticate` gives the request its principal, or answers 401
+   or 429.
+4. **Counting.** The reply's route, method, status and duration go to
+   :meth:`gateway.admin.metrics.Requests.record` (plain dict counts, read by ``GET /metrics``).
+
+Why not aiohttp middlewares: each costs every request a call through a partial, a
+coroutine and a frame, and an app with any middleware pays for one more that aiohttp
+adds itself (it sets and resets ``match_info.current_app`` around the handler). So
+:func:`install`, last in ``build_app``, wraps each route's handler once in
+:func:`_concerns`, which holds the app's state itself (``request.app`` and each
+``app[KEY]`` are Python-level calls) and hands the request's path its
+:class:`~gateway.server.state.State` in ``request[STATE]``. A route added after that would
+bypass the concerns (authentication among them): start-up refuses to run then.
+
+A request no route serves gets the router's answer, 404, or 405 with ``Allow`` when
+the path is served for other methods. Without a middleware that answer would bypass
+the concerns too, so :func:`install` adds a last route that matches every path,
+:data:`UNROUTED`, whose handler finds it as the router does.
+
+aiohttp surface this relies on (checked against aiohttp 3.14, as
+:mod:`gateway.server.connections`): a route keeps its handler in ``_handler``, which
+``route.handler`` and so the request's ``match_info.handler`` return.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from time import perf_counter
+from typing import Any
+
+from aiohttp import hdrs, web
+from aiohttp.typedefs import Handler
+from aiohttp.web_urldispatcher import AbstractRoute
+from multidict import CIMultiDict
+
+from gateway.admin.metrics import REQUESTS, Requests
+from gateway.auth.authn import AUTH, authenticate, checks_every_path
+from gateway.server.keys import CONFIG, SERVICE
+from gateway.server.proxies import PROXIES, Proxies, relayed
+from gateway.server.shutdown import IN_FLIGHT, InFlight
+from gateway.server.state import STATE, State
+from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
+
+log = logging.getLogger(__name__)
+
+Wrapped = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
+UNROUTED = "unrouted"  # the name of the last route, for requests no other route serves
+
+
+def text_reply(
+    status: int, reason: str, headers: CIMultiDict[str] | dict[str, str] | None = None
+) -> web.Response:
+    return web.Response(status=status, text=reason.rstrip() + "\n", headers=headers)
+
+
+def install(app: web.Application) -> None:
+    """Put the concerns around every route's handler of ``app``, once all are added."""
+    router = app.router
+    router.add_route(hdrs.METH_ANY, "/{path:.*}", _unrouted, name=UNROUTED)
+    state = State(app[CONFIG], app[AUTH], app[SERVICE])
+    in_flight, requests, proxies = app[IN_FLIGHT], app[REQUESTS], app.get(PROXIES)
+    wrapped: set[Wrapped] = set()
+    for route in router.routes():
+        # Requests no route serves are counted as one route, (unmatched), as before.
+        counted = None if route.name == UNROUTED else route
+        handler = _concerns(
+            route.handler, counted, checks_every_path(route), state, in_flight, requests, proxies
+        )
+        route._handler = handler  # aiohttp's own attribute: see the docstring
+        wrapped.add(handler)
+
+    async def all_wrapped(app: web.Application) -> None:
+        for route in router.routes():
+            if route.handler not in wrapped:
+                raise RuntimeError(f"route {route} was added after middleware.install")
+
+    app.on_startup.insert(0, all_wrapped)  # before any cleanup context starts
+
+
+def _concerns(
+    handler: Handler,
+    route: AbstractRoute | None,
+    checked: bool,
+    state: State,
+    in_flight: InFlight,
+    requests: Requests,
+    proxies: Proxies | None,
+) -> Wrapped:
+    authenticator, hosts = state.auth, state.config.hosts
+
+    async def concerns(request: web.Request) -> web.StreamResponse:
+        began = perf_counter()
+        response: web.StreamResponse
+        try:
+            task = in_flight.admit(request)
+            try:
+                if proxies is not None:  # the client's address, scheme and host, as relayed
+                    request = relayed(request, proxies)
+                hosts.check(request)
+                request[STATE] = state
+                # checked: the route's paths all need a principal (decided at install)
+                pending = authenticate(request, authenticator, always=checked)
+                if pending is not None:  # credentials to check
+                    await pending
+                response = await handler(request)
+            finally:
+                in_flight.discard(task)
+        except (RestMSError, web.HTTPException) as exc:
+            response = error_reply(exc)
+            requests.refused(exc)
+        except (asyncio.CancelledError, ConnectionError):
+            raise
+        except Exception:
+            # The last resort: a bug, not bad input (bad input raises RestMSError above).
+            # Logged with its traceback and answered 500; the fuzz test keeps this unreached.
+            log.exception("unhandled error on %s %s", request.method, request.path)
+            response = text_reply(500, "internal error; it has been logged")
+        if in_flight.closing:  # shutdown: no request follows this reply on its connection
+            response.force_close()  # aiohttp says "Connection: close" and closes after it
+        requests.record(route, request.method, response.status, perf_counter() - began)
+        return response
+
+    return concerns
+
+
+async def _unrouted(request: web.Request) -> web.StreamResponse:
+    """What aiohttp's router answers a request no route serves: 405 with the methods
+    the path is served for, if any (as the router, from every route but this one), else 404."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        if resource.name != UNROUTED:
+            allowed |= (await resource.resolve(request))[1]
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
+
+
+def error_reply(exc: RestMSError | web.HTTPException) -> web.Response:
+    """The ``text/plain`` reply to a refusal, with the headers its status calls for.
+
+    An ``HTTPException`` below 400 (a redirect) is not a failure: it is raised again.
+    """
+    if isinstance(exc, web.HTTPException):
+        if exc.status < 400:
+            raise exc
+        kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return text_reply(exc.status, exc.text or exc.reason, kept)
+    headers: CIMultiDict[str] = CIMultiDict()
+    if isinstance(exc, MethodNotAllowed):
+        headers["Allow"] = ", ".join(exc.allow)
+    if isinstance(exc, ServiceUnavailable | TooManyRequests):
+        headers["Retry-After"] = str(exc.retry_after)
+    for challenge in getattr(exc, "challenges", ()):
+        headers.add("WWW-Authenticate", challenge)
+    return text_reply(exc.status, exc.reason, headers)

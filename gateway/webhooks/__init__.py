@@ -1,0 +1,1 @@
+"""Webhook pipes: the delivery workers and the SSRF guard."""

@@ -1,0 +1,121 @@
+"""``scripts/cluster``: the project's Redis Cluster on 127.0.0.1:7101-7106, for real.
+
+It comes up formed (3 masters, 3 replicas, every slot served, AOF with fsync at every
+write), ``up`` again changes nothing, a master killed with SIGKILL is replaced by its
+replica and ``up`` brings the killed one back as a replica, ``down`` stops only what
+the script started and ``up`` after it finds the same cluster. The machine's own
+Redis on 6379 is never touched. Each step is bounded; the test fails loudly (never
+skips) when the cluster cannot be had.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "cluster"
+PORTS = range(7101, 7107)
+DIR = Path(os.environ.get("RESTMS_CLUSTER_DIR", "/var/tmp/restms-cluster"))
+
+
+def cluster(verb: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(SCRIPT), verb], capture_output=True, text=True, timeout=120, check=False
+    )
+
+
+def redis(port: int, *command: str) -> str:
+    done = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *command],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
+def roles() -> dict[int, str]:
+    return {port: redis(port, "ROLE").splitlines()[0] for port in PORTS}
+
+
+def node_ids() -> set[str]:
+    return {redis(port, "CLUSTER", "MYID") for port in PORTS}
+
+
+def until(check: object, what: str, timeout: float = 30.0) -> None:
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(0.2)
+
+
+def up() -> None:
+    done = cluster("up")
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_cluster_comes_up_formed_and_durable() -> None:
+    up()
+    info = redis(7101, "CLUSTER", "INFO")
+    assert "cluster_state:ok" in info
+    assert "cluster_slots_assigned:16384" in info
+    assert "cluster_known_nodes:6" in info
+    assert sorted(roles().values()) == ["master"] * 3 + ["slave"] * 3
+    for port in PORTS:
+        assert redis(port, "CONFIG", "GET", "appendonly").splitlines() == ["appendonly", "yes"]
+        assert redis(port, "CONFIG", "GET", "appendfsync").splitlines() == [
+            "appendfsync",
+            "always",
+        ]
+        assert redis(port, "CONFIG", "GET", "bind").splitlines()[1] == "127.0.0.1"
+    assert (DIR.stat().st_mode & 0o777) == 0o700
+    status = cluster("status")
+    assert status.returncode == 0
+    assert "cluster_state: ok" in status.stdout
+
+
+def test_up_again_changes_nothing() -> None:
+    up()
+    before = {port: (DIR / str(port) / "redis.pid").read_text() for port in PORTS}
+    ids = node_ids()
+    up()
+    assert {port: (DIR / str(port) / "redis.pid").read_text() for port in PORTS} == before
+    assert node_ids() == ids
+
+
+def test_a_killed_master_is_replaced_and_comes_back_as_a_replica() -> None:
+    up()
+    master = next(port for port, role in roles().items() if role == "master")
+    key = "{cluster-script-test}"
+    assert redis(master, "-c", "SET", key, "kept") == "OK"
+    os.kill(int((DIR / str(master) / "redis.pid").read_text()), signal.SIGKILL)
+
+    def replaced() -> bool:
+        alive = [port for port in PORTS if port != master]
+        return sum(redis(port, "ROLE").startswith("master") for port in alive) == 3
+
+    until(replaced, "a replica promoted in the killed master's place")
+    assert cluster("status").returncode != 0  # one instance down: status says so
+    up()  # starts the killed one again; it rejoins as a replica
+    assert roles()[master] == "slave"
+    assert redis(master, "-c", "GET", key) == "kept"
+
+
+def test_down_stops_only_what_it_started_and_up_finds_the_same_cluster() -> None:
+    up()
+    own_redis = redis(6379, "PING")  # the machine's own Redis, if it runs, is left alone
+    ids = node_ids()
+    done = cluster("down")
+    assert done.returncode == 0, done.stderr
+    for port in PORTS:
+        assert redis(port, "PING") != "PONG"
+        assert not (DIR / str(port) / "redis.pid").exists()
+    assert redis(6379, "PING") == own_redis
+    up()
+    assert node_ids() == ids  # the same nodes, from their cluster state files
