@@ -176,6 +176,8 @@ def _object(
             kind = "an array" if isinstance(value, list) else "an object"
             raise BadRequest(f'property "{key}" of <{tag}> must be a string, not {kind}')
         elif isinstance(value, list):
+            if len(value) > budget[0]:  # each item is an element: refused before any is made
+                raise BadRequest("document has too many elements")
             for item in value:
                 kids.append(_element(key, item, depth, limits, budget, check))
         elif isinstance(value, dict):  # a lone element where an array was expected

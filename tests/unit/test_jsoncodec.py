@@ -365,6 +365,16 @@ def test_element_count_limit_applies_to_json() -> None:
         parse_json(doc({"restms": {"message": [{"header": [{}] * 3}]}}), limits)
 
 
+def test_an_array_longer_than_the_element_budget_is_refused_before_its_items_are_read() -> None:
+    # The items are not even objects: the count alone refuses the array, so a 4 MiB
+    # array of tiny items costs no conversion at all (tests/app/test_decoder_stall.py).
+    limits = CodecLimits(max_elements=3)
+    with pytest.raises(BadRequest, match="too many elements"):
+        parse_json(doc({"restms": {"message": [{"header": ["x"] * 3}]}}), limits)
+    with pytest.raises(BadRequest, match="must be a JSON object"):
+        parse_json(doc({"restms": {"message": [{"header": ["x"] * 2}]}}), limits)
+
+
 def test_G3_xmlns_properties_in_json_are_dropped_not_echoed() -> None:
     document = parse_json(b'{"restms":{"feed":[{"xmlns":"urn:x","xmlns:a":"urn:y","name":"f"}]}}')
     (feed,) = document.elements
