@@ -91,6 +91,9 @@ class Catalogue:
         # deleted. Their delivery state changed since the last journal is written lazily.
         self.hooks: dict[str, Pipe] = {}
         self.hooks_moved: set[Pipe] = set()
+        # Pipes whose acknowledged or lost position moved since the last journal
+        # (written lazily, as positions are).
+        self.marked: set[Pipe] = set()
         self.on_hook: Callable[[Pipe], None] | None = None
         # Whoever reads feed queues' pages back from disk (gateway/restms/spill.py): told
         # when a feed's queue runs empty in memory while messages of it wait on disk.
@@ -264,6 +267,22 @@ class Catalogue:
         if self.journal is not None and not pipe.deleted:
             self.hooks_moved.add(pipe)
         pipe.touch(self.wall())
+
+    def acked(self, pipe: Pipe, seq: int) -> None:
+        """Position ``seq`` and everything older were acknowledged (D4)."""
+        if seq > pipe.acked:
+            pipe.acked = seq
+            if self.journal is not None:
+                self.marked.add(pipe)
+
+    def lost(self, pipe: Pipe, seq: int) -> None:
+        """The message at ``seq`` left the pipe unacknowledged, never to be delivered
+        again (expired, dropped by overflow, dead-lettered): a reader that resumes
+        before it is told (:class:`feeds.values.Gap`)."""
+        if seq > pipe.lost:
+            pipe.lost = seq
+            if self.journal is not None:
+                self.marked.add(pipe)
 
     def hook_news(self, pipe: Pipe) -> None:
         """Tell whoever delivers webhook pipes that this one was made, changed or went."""

@@ -363,6 +363,9 @@ class Engine:
     def queue_page_in(self, feed: Feed, low: int, rows: list[tuple[int, bytes]]) -> int:
         return self.recovery.queue_page_in(feed, low, rows)
 
+    def leaving(self) -> None:
+        self.recovery.leaving()
+
     def shutdown(self) -> None:
         """End every wait: asynclets and evented GETs answer 503 (retry), streams end."""
         state = self.state

@@ -126,6 +126,7 @@ class Leasing:
                 ("x-original-feed", message.feed_name or ""),
             ),
         )
+        self.state.lost(pipe, message.seq)  # (its position in this pipe: not moved yet)
         # The copy's size: its contents (some may have been deleted) and its new head.
         size = message.size - message.spec.head_size + spec.head_size
         full = (

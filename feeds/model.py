@@ -291,6 +291,7 @@ class Feed(Watchable):
 class Pipe(Watchable):
     __slots__ = (
         "accessed",
+        "acked",
         "bytes",
         "dead_letter",
         "demand",
@@ -303,6 +304,7 @@ class Pipe(Watchable):
         "key",
         "lease",
         "loading",
+        "lost",
         "max_bytes",
         "max_deliveries",
         "max_messages",
@@ -343,6 +345,12 @@ class Pipe(Watchable):
         # readers see none of them, and this is the asynclet meanwhile. 0: none.
         self.hidden = 0
         self.demand = 0  # ondemand: GETs waiting on the asynclet (P3)
+        # What a reader that resumes is told of (feeds.values.Gap): the highest position
+        # acknowledged (D4), and the highest whose message left unacknowledged and is not
+        # delivered again (expired, dropped by overflow, dead-lettered, lost in a
+        # restart). Both only grow, and are kept with the pipe's next position.
+        self.acked = 0
+        self.lost = 0
         self.expiring = 0  # messages with an expiration deadline (Q30)
         self.bytes = 0  # bytes (message_size) held in memory
         # Past the memory budget, messages wait on disk: positions spill_lo <= seq <

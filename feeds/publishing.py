@@ -374,6 +374,7 @@ class Publishing:
             return False
         while pipe.messages and pipe.full(size):  # the oldest are in memory, never on disk
             dropped = self.placement.drop(pipe, next(iter(pipe.messages)))
+            self.state.lost(pipe, dropped.seq)
             self.state.counters.dropped_oldest += 1
             if self.state.mirror is not None:
                 self.state.mirrored("drop", pipe, dropped, "dropped-oldest")

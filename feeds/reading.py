@@ -60,6 +60,7 @@ class Reading:
         ]
         for seq in expired:
             gone = self.placement.drop(pipe, seq)
+            state.lost(pipe, seq)
             if state.mirror is not None:
                 state.mirrored("expire", pipe, gone, "expired")
         pipe.expiring = sum(m.expires is not None for m in pipe.messages.values())
@@ -148,6 +149,7 @@ class Reading:
                 break
             gone.append(seq)
         state, unhold = self.state, self.placement.unhold
+        state.acked(pipe, slot.seq)  # (a position whose message went already, too)
         for seq in gone:
             acked = unhold(pipe, seq)
             if state.mirror is not None:

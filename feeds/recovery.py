@@ -63,11 +63,12 @@ class Recovery:
                 now=now,
             )
             self.resources.register(feed, now)
-        for key, type_, title, domain_name, owner, next_seq, options in snapshot.pipes:
+        for key, type_, title, domain_name, owner, next_seq, options, acked, lost in snapshot.pipes:
             domain = self.state.domains.get(domain_name) or self.state.default_feed.domain
             settings = self.resources.settings(PipeOptions.stored(loads(options)), check=False)
             pipe = Pipe(key, type_, title, domain, owner, now, settings)
             pipe.next_seq = next_seq
+            pipe.acked, pipe.lost = acked, lost
             pipe.accessed = mono
             self.state.private[key] = pipe
             self.state.pipes_of[owner] += 1
@@ -173,6 +174,7 @@ class Recovery:
         if epoch is not None and epoch != self.state.epoch:
             if self.state.journal is not None:
                 self.state.journal.append(("drop", pipe.key, seq))
+            self.state.lost(pipe, seq)  # a message kept for one run only, gone with it
             return None
         stored, parts = message_spec(fields), decode_parts(fields[6])
         source = self.state.feed_by_key(source_key) if source_key else None
@@ -183,6 +185,19 @@ class Recovery:
         if fields[5] is not None:
             message.expires = mono + (fields[5] - now)
         return message
+
+    def leaving(self) -> None:
+        """The engine stops: the messages it keeps in memory only go with it. Each pipe
+        notes the newest of them as lost, so that a reader resuming after the restart
+        is told (:class:`feeds.values.Gap`; those on disk are noted as they are found
+        stale, by :meth:`_revive`)."""
+        for found in self.state.private.values():
+            if not isinstance(found, Pipe):
+                continue
+            for seq, message in reversed(found.messages.items()):
+                if not message.durable and found.shown(seq):
+                    self.state.lost(found, seq)
+                    break
 
     def page_in(self, pipe: Pipe, low: int, rows: list[tuple[int, Any, bytes]]) -> int:
         """Hold the next page of a pipe's messages from disk (read from ``low`` on, the

@@ -42,6 +42,19 @@ its positions are taken again.) ``asynclet`` is the position the next message wi
 take; reading it waits. Acknowledging position ``n`` removes ``n`` and everything
 older; acknowledging the asynclet or a position beyond does nothing.
 
+Gaps (what a resuming reader is told, docs/EVENTS.md)
+-----------------------------------------------------
+A pipe's :class:`PipeInfo` carries two marks that only grow: ``acked``, the highest
+position acknowledged (a DELETE, a cursor's ack, a purge; 0 for none), and ``lost``,
+the highest position whose message left the pipe unacknowledged never to be delivered
+again: expired (Q30), dropped by the "drop-oldest" overflow (Q2), moved to a dead-letter
+feed (max_deliveries, a bridge's or a webhook's refusal), or kept in memory only when
+the engine stopped (0 for none). A message whose lease ran out and that is delivered
+again at a new position, or handed to another pipe, is not lost. An engine that keeps
+positions across a restart keeps both marks with them. :meth:`PipeInfo.gap` turns them
+into what a reader resuming at a position lost (a :class:`Gap`, or None), and
+:attr:`PipeInfo.earliest` is the oldest position a reader can be sent now.
+
 Durability
 ----------
 A publish that holds a persistent message (``delivery_mode`` 2, or any message into
@@ -89,6 +102,7 @@ from .values import (
     ContentRef,
     DomainInfo,
     FeedInfo,
+    Gap,
     Histogram,
     Inventory,
     JoinInfo,
@@ -123,6 +137,7 @@ __all__ = [
     "EngineService",
     "FeedConfig",
     "FeedInfo",
+    "Gap",
     "Histogram",
     "Inventory",
     "JoinInfo",

@@ -280,11 +280,17 @@ def _on_disk_from(pipe: Pipe, first: int) -> bool:
 
 def take_journal(state: Catalogue) -> list[Op]:
     """The catalogue's journal records since the last call, with each moved pipe's
-    next position and each changed webhook pipe's delivery state."""
+    next position, each marked pipe's acknowledged and lost positions and each changed
+    webhook pipe's delivery state."""
     ops, state.journal = state.journal or [], []
     if state.moved:
         ops.extend(("seq", pipe.next_seq, pipe.key) for pipe in state.moved)
         state.moved.clear()
+    if state.marked:
+        ops.extend(
+            ("marks", pipe.acked, pipe.lost, pipe.key) for pipe in state.marked if not pipe.deleted
+        )
+        state.marked.clear()
     if state.hooks_moved:
         for pipe in state.hooks_moved:
             if pipe.hook is not None:

@@ -44,12 +44,15 @@ from .model import Blob, Part, Parts
 log = logging.getLogger(__name__)
 
 FILE_NAME = "gateway.sqlite3"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _WEBHOOKS = "CREATE TABLE IF NOT EXISTS webhooks (pipe TEXT PRIMARY KEY, state BLOB NOT NULL)"
 # How to bring an older store up to SCHEMA_VERSION, one version at a time.
 _MIGRATIONS: dict[int, str] = {
     1: "ALTER TABLE pipes ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
     2: _WEBHOOKS,  # webhook pipes' delivery state
+    # what a resuming reader is told of (feeds.values.Gap)
+    3: "ALTER TABLE pipes ADD COLUMN acked INTEGER NOT NULL DEFAULT 0;"
+    "ALTER TABLE pipes ADD COLUMN lost INTEGER NOT NULL DEFAULT 0",
 }
 
 _SCHEMA = (
@@ -61,7 +64,8 @@ CREATE TABLE IF NOT EXISTS feeds (
 CREATE TABLE IF NOT EXISTS pipes (
     key TEXT PRIMARY KEY, type TEXT NOT NULL, title TEXT, domain TEXT NOT NULL,
     owner TEXT NOT NULL, next_seq INTEGER NOT NULL DEFAULT 1,
-    options TEXT NOT NULL DEFAULT '{}');
+    options TEXT NOT NULL DEFAULT '{}', acked INTEGER NOT NULL DEFAULT 0,
+    lost INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS joins (
     key TEXT PRIMARY KEY, pipe TEXT NOT NULL, feed TEXT NOT NULL, type TEXT NOT NULL,
     address TEXT NOT NULL, headers TEXT NOT NULL, is_default INTEGER NOT NULL);
@@ -90,6 +94,7 @@ _SQL: dict[str, str] = {
     "ack": "DELETE FROM messages WHERE pipe = ? AND seq <= ?",
     "drop": "DELETE FROM messages WHERE pipe = ? AND seq = ?",
     "seq": "UPDATE pipes SET next_seq = max(next_seq, ?) WHERE key = ?",
+    "marks": "UPDATE pipes SET acked = max(acked, ?), lost = max(lost, ?) WHERE key = ?",
     "queue+": "INSERT OR REPLACE INTO queued VALUES (?, ?, ?)",
     "queue-": "DELETE FROM queued WHERE feed = ? AND qid = ?",
     "hook": "INSERT OR REPLACE INTO webhooks VALUES (?, ?)",
@@ -256,7 +261,7 @@ class Store:
                     f"{self.path} has schema {found}, newer than this gateway's {SCHEMA_VERSION}"
                 )
             while found is not None and found < SCHEMA_VERSION:
-                db.execute(_MIGRATIONS[found])
+                db.executescript(_MIGRATIONS[found])
                 found += 1
                 db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(found),))
                 log.info("store %s migrated to schema %d", self.path, found)
@@ -278,7 +283,7 @@ class Store:
         db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(snap.epoch),))
         snap.feeds = db.execute("SELECT * FROM feeds").fetchall()
         snap.pipes = db.execute(
-            "SELECT key, type, title, domain, owner, next_seq, options FROM pipes"
+            "SELECT key, type, title, domain, owner, next_seq, options, acked, lost FROM pipes"
         ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
         snap.webhooks = db.execute("SELECT pipe, state FROM webhooks").fetchall()

@@ -65,6 +65,13 @@ class PipeInfo:
     held: int  # messages readers may see, in memory and on disk
     oldest: int | None  # the oldest position held, None when empty
     asynclet: int  # the position the next message takes (A3)
+    # What a reader that resumes is told of (gap): the highest position acknowledged
+    # (D4), and the highest whose message left the pipe unacknowledged and is never
+    # delivered again (expired, dropped by overflow, dead-lettered, kept in memory
+    # across a restart); 0 for none. Both only grow. (An engine that tracks no losses
+    # leaves them 0: its readers are never told.)
+    acked: int = 0
+    lost: int = 0
     durable: bool
     lease: float  # seconds a read message may stay unacknowledged (0: forever)
     max_deliveries: int
@@ -77,6 +84,34 @@ class PipeInfo:
     progress: WebhookProgress | None  # and how its deliveries go
     version: int
     modified: float
+
+    @property
+    def earliest(self) -> int:
+        """The oldest position a reader can be sent now: the oldest held, else the
+        asynclet."""
+        return self.asynclet if self.oldest is None else self.oldest
+
+    def gap(self, position: int) -> Gap | None:
+        """What a reader resuming at ``position`` (the next it wants: one past the last
+        it was sent) lost, or None when nothing at or after it left unacknowledged. A
+        position already acknowledged counts from past the acknowledged ones; one
+        at or past :attr:`earliest` with nothing lost beyond it has no gap. A message
+        delivered again at a new position (a lease ran out) is not lost."""
+        if position > self.lost or self.lost <= self.acked:
+            return None
+        return Gap(first=max(position, self.acked + 1), last=self.lost, earliest=self.earliest)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Gap:
+    """Messages a resuming reader would have been sent that are gone unacknowledged
+    (:meth:`PipeInfo.gap`): told as SSE's ``gap`` event and the WebSocket's ``gap``
+    frame (docs/EVENTS.md). Only the positions that were lost are missing from
+    ``first`` to ``last``; any still held there are sent as usual."""
+
+    first: int  # the first position that may be missing
+    last: int  # the last position lost
+    earliest: int  # the oldest position the pipe holds now (its asynclet when none)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -181,6 +181,7 @@ class EmbeddedEngine:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if store is not None:
+            engine.leaving()  # what a restart will not bring back is noted as lost
             last = engine.commit_journal(store.submit)
             if last is not None:
                 with contextlib.suppress(StoreError):

@@ -81,6 +81,8 @@ def pipe_info(pipe: Pipe, dead_letter_feed: str) -> PipeInfo:
         held=len(shown) + pipe.spilled,
         oldest=shown[0] if shown else (pipe.spill_lo if pipe.spilled else None),
         asynclet=pipe.asynclet,
+        acked=pipe.acked,
+        lost=pipe.lost,
         durable=pipe.durable,
         lease=pipe.lease,
         max_deliveries=pipe.max_deliveries,
