@@ -207,11 +207,17 @@ async def get_pipe(request: web.Request, pipe: PipeInfo) -> web.StreamResponse:
     if accepts_event_stream(request.headers.get("Accept")):
         return await streams.sse(request, pipe.key)
     service, me = _service(request), http.principal(request)
+    shown = pipe
 
     async def render(now: PipeInfo) -> Document:
+        nonlocal shown
+        shown = now
         return views.pipe(http.base(request), now, await service.listing(me, now.key))
 
-    return await _get(request, f"p:{pipe.key}", pipe, render, no_cache=True)
+    response = await _get(request, f"p:{pipe.key}", pipe, render, no_cache=True)
+    if response.status == 200:  # where a reader can start now (docs/PROTOCOL.md)
+        response.headers[views.EARLIEST] = str(shown.earliest)
+    return response
 
 
 async def put_pipe(request: web.Request, pipe: PipeInfo) -> web.StreamResponse:
@@ -306,26 +312,29 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
     """A2, A5, A9, U11, P6: a message, waiting while the slot is the asynclet."""
     state = request[STATE]
     service, me, pipe, seq = state.service, request[PRINCIPAL].name, slot.pipe, slot.position
-    if request.method == "HEAD":
-        message = await service.look(me, pipe, seq)  # U11: HEAD never blocks
-    elif slot.pipe_type == "stream" and (await service.pipe(me, pipe)).asynclet == seq:
-        return await streams.multipart(request, pipe)
-    else:
-        fmt = http.reply_format(request)  # 406 before waiting, not after
-        # at-least-once: a read message is leased, redelivered unless acknowledged
-        message = await service.read(me, pipe, seq, lease=True)  # no wait, no slot
-        if message is None:
-            # A2, A9: the asynclet waits (a slot of the principal's), at most until its
-            # token expires. The wait is in this frame, not a helper coroutine's: each
-            # coroutine on the chain costs every waiting asynclet its frame.
-            with waiting(request, "asynclet"):
-                wait = http.bounded(request, state.config.max_wait)
-                message = await service.read(me, pipe, seq, wait=wait, lease=True)
+    try:
+        if request.method == "HEAD":
+            message = await service.look(me, pipe, seq)  # U11: HEAD never blocks
+        elif slot.pipe_type == "stream" and (await service.pipe(me, pipe)).asynclet == seq:
+            return await streams.multipart(request, pipe)
+        else:
+            fmt = http.reply_format(request)  # 406 before waiting, not after
+            # at-least-once: a read message is leased, redelivered unless acknowledged
+            message = await service.read(me, pipe, seq, lease=True)  # no wait, no slot
             if message is None:
-                http.check_credentials(request)
-                raise http.wait_expired(request, "asynclet")
+                # A2, A9: the asynclet waits (a slot of the principal's), at most until
+                # its token expires. The wait is in this frame, not a helper coroutine's:
+                # each coroutine on the chain costs every waiting asynclet its frame.
+                with waiting(request, "asynclet"):
+                    wait = http.bounded(request, state.config.max_wait)
+                    message = await service.read(me, pipe, seq, wait=wait, lease=True)
+                if message is None:
+                    http.check_credentials(request)
+                    raise http.wait_expired(request, "asynclet")
+    except NotFound as exc:
+        return await _gone(request, slot, exc.reason)
     if message is None:
-        raise NotFound("no message at this position yet")
+        return await _gone(request, slot, "no message at this position yet")
     key = f"m:{pipe}.{seq}"
     fmt = http.reply_format(request)
     unchanged = http.not_modified(request, key, message, fmt)
@@ -339,6 +348,17 @@ async def get_message(request: web.Request, slot: Slot) -> web.StreamResponse:
         resource=message,
         no_cache=True,
     )
+
+
+async def _gone(request: web.Request, slot: Slot, reason: str) -> web.Response:
+    """404 for a position with no message. One before the oldest the pipe holds (gone:
+    acknowledged, or lost unacknowledged) names that oldest in RestMS-Earliest-Position,
+    so that a reader that fell behind knows where to go on (docs/PROTOCOL.md)."""
+    found = await _service(request).pipe(request[PRINCIPAL].name, slot.pipe)  # 404 once gone
+    if slot.position >= found.earliest:
+        raise NotFound(reason)
+    headers = {views.EARLIEST: str(found.earliest)}
+    return web.Response(status=404, text=reason.rstrip() + "\n", headers=headers)
 
 
 async def delete_message(request: web.Request, slot: Slot) -> web.StreamResponse:

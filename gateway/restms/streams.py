@@ -8,7 +8,11 @@ Both are readers of the same pipe cursor as the asynclet (one queue model):
   pipe until the client DELETEs them (at-least-once). Reconnecting with
   ``Last-Event-ID: n`` resumes with the first message after position ``n``: nothing
   still held is skipped, nothing already sent is sent again. An id the pipe never
-  issued starts from the oldest message held (repeats, never a silent gap).
+  issued starts from the oldest message held (repeats, never a silent gap). When
+  messages the client would have been sent after that position left the pipe
+  unacknowledged (expired, dropped by overflow, dead-lettered, lost in a restart), a
+  ``gap`` event saying which and the earliest position held comes first
+  (:meth:`feeds.service.PipeInfo.gap`).
 * **stream pipes** (our extension, P6): a GET on the asynclet answers
   ``multipart/mixed`` over chunked transfer, one message document per part, and each
   message is deleted once its part is written (parts cannot be acknowledged).
@@ -30,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+import orjson
 from aiohttp import web
 
 import restms
@@ -75,10 +80,14 @@ async def _sse(request: web.Request, key: str, response: web.StreamResponse) -> 
     service = request[STATE].service
     base = http.base(request)
     # The handler checked the principal may read it: the gateway reads for it (None).
-    after = _last_event_id(request, (await service.pipe(None, key)).asynclet)
+    pipe = await service.pipe(None, key)
+    after = _last_event_id(request, pipe.asynclet)
+    gap = pipe.gap(after + 1)
     cursor = service.cursor(None, key, after)
     await response.prepare(request)
     await response.write(b"retry: 2000\n\n")
+    if gap is not None:  # before any message; no id, so a reconnect resumes where it did
+        await response.write(b"event: gap\ndata: %s\n\n" % orjson.dumps(views.gap(gap)))
     deadline = time.monotonic() + http.bounded(request, config.stream_max)
     try:
         while True:

@@ -14,6 +14,7 @@ from feeds.service import (
     Blob,
     DomainInfo,
     FeedInfo,
+    Gap,
     JoinInfo,
     Listing,
     Message,
@@ -118,6 +119,17 @@ def pipe(base: Base, p: PipeInfo, listing: Listing, *, secret: str | None = None
     if secret is not None:
         attrs["secret"] = secret
     return doc(Element("pipe", attrs, tuple(children)))
+
+
+# The response header that names the oldest position a pipe holds now (the asynclet
+# when it holds none): on every GET of a pipe, and on a GET of a message at a position
+# before it (gone: acknowledged, or lost).
+EARLIEST = "RestMS-Earliest-Position"
+
+
+def gap(g: Gap) -> dict[str, int]:
+    """What SSE's ``gap`` event and the WebSocket's ``gap`` frame say of lost messages."""
+    return {"first": g.first, "last": g.last, "earliest": g.earliest}
 
 
 def settings(base: Base, p: PipeInfo) -> dict[str, str]:

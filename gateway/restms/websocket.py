@@ -11,9 +11,14 @@ beside the asynclet and SSE (:mod:`gateway.restms.streams`):
 
 * **Push.** Every message the pipe holds, oldest first, then each one as it arrives,
   is sent as one text frame: the document an SSE event carries, with the message's
-  position. A sent message is leased like a GET or an SSE event (delivered again at a
-  new position unless acknowledged in time), and at most ``window`` sent messages wait
-  for their acknowledgement at once: past that, the socket waits for the client.
+  position. A client that reconnects may resume with ``?after=n`` (as SSE's
+  ``Last-Event-ID``): only messages after position ``n`` are sent. When messages it
+  would have been sent left the pipe unacknowledged (expired, dropped by overflow,
+  dead-lettered, lost in a restart), a ``gap`` frame saying which comes first
+  (:meth:`feeds.service.PipeInfo.gap`). A sent message is leased like a GET or an SSE
+  event (delivered again at a new position unless acknowledged in time), and at most
+  ``window`` sent messages wait for their acknowledgement at once: past that, the
+  socket waits for the client.
 * **Acknowledge.** An ``ack`` frame naming position ``n`` is a DELETE of message
   ``n``: it and every older message leave the pipe, on disk before any answer. What is
   not acknowledged stays, so a client that reconnects is sent it again.
@@ -54,7 +59,7 @@ import orjson
 from aiohttp import WSMsgType, web
 
 import restms
-from feeds.service import Blob, Cursor, Message
+from feeds.service import Blob, Cursor, Gap, Message
 from gateway.auth.authn import PRINCIPAL, Revoked, waiting
 from gateway.restms import http, views
 from gateway.server.keys import CONFIG
@@ -206,6 +211,11 @@ def end_frame(end: End) -> bytes:
     return orjson.dumps({"type": "end", "code": end.code, "reason": end.reason})
 
 
+def gap_frame(gap: Gap) -> bytes:
+    """Messages the client would have been sent that left the pipe unacknowledged."""
+    return orjson.dumps({"type": "gap", **views.gap(gap)})
+
+
 class Frames:
     """Message frames for one gateway's sockets.
 
@@ -261,15 +271,31 @@ def _window(request: web.Request, most: int) -> int:
     return int(value)
 
 
+def _after(request: web.Request, asynclet: int) -> int:
+    """The position to resume after (``?after=n``): 0 (the oldest message held) unless
+    it names a position this pipe has shown (one before its asynclet), as SSE's
+    ``Last-Event-ID`` does."""
+    value = request.query.get("after")
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit() and len(value) <= 18):
+        raise BadRequest("after must be a whole number: the last position received")
+    after = int(value)
+    return after if after < asynclet else 0
+
+
 async def serve(request: web.Request, key: str, publish: Publisher) -> web.StreamResponse:
     """Upgrade to a WebSocket on the pipe named ``key`` (which the request may read:
     checked before) and serve it until it closes.
 
     Everything that can be refused is refused before the upgrade, as a text/plain
-    reply: a bad ``window`` (400), a malformed upgrade (400), no slot left (429).
+    reply: a bad ``window`` or ``after`` (400), a malformed upgrade (400), no slot
+    left (429).
     """
     config = request[STATE].config
     window = _window(request, config.websocket_window)
+    pipe = await request[STATE].service.pipe(None, key)  # the gateway reads for it
+    after = _after(request, pipe.asynclet)
     ws = web.WebSocketResponse(
         protocols=(PROTOCOL,),
         heartbeat=config.websocket_heartbeat,
@@ -281,7 +307,8 @@ async def serve(request: web.Request, key: str, publish: Publisher) -> web.Strea
             "not a WebSocket upgrade: it needs Connection: Upgrade, Upgrade: websocket, "
             "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key"
         )
-    session = Session(request, ws, key, window, publish)
+    session = Session(request, ws, key, window, publish, after)
+    session.gap = pipe.gap(after + 1)
     try:
         with waiting(request, "websocket"):
             await ws.prepare(request)
@@ -300,6 +327,7 @@ class Session:
         "cursor",
         "end",
         "ending",
+        "gap",
         "publish",
         "refused",
         "request",
@@ -314,14 +342,16 @@ class Session:
         key: str,
         window: int,
         publish: Publisher,
+        after: int = 0,
     ) -> None:
         self.request = request
         self.ws = ws
         self.window = window
         self.publish = publish
         # The gateway reads for the principal (None): the handler checked it may.
-        self.cursor: Cursor = request[STATE].service.cursor(None, key)
+        self.cursor: Cursor = request[STATE].service.cursor(None, key, after)
         self.cursor.window(window)
+        self.gap: Gap | None = None  # told before the first message
         self.refused = 0  # frames refused in a row
         self.end: End | None = None  # set once the gateway closes the socket
         self.ending = False  # the pusher is closing the socket itself
@@ -369,6 +399,8 @@ class Session:
         base = http.base(request)
         life = http.bounded(request, app[CONFIG].websocket_max_life)
         deadline = time.monotonic() + life
+        if self.gap is not None:
+            await ws.send_frame(gap_frame(self.gap), WSMsgType.TEXT)
         while True:
             # Within the window (the cursor's): at most that many sent and unacknowledged.
             remaining = max(0.0, deadline - time.monotonic())

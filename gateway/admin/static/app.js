@@ -351,6 +351,7 @@ async function openStream(pipe) {
         reply.body,
         (event) => {
           if (event.event === "message") received(pipe, event);
+          else if (event.event === "gap") lost(event);
           else if (event.event === "deleted" || event.event === "expired") ended = event.event;
         },
         (ms) => {
@@ -421,6 +422,22 @@ function element(tag, className, text) {
   if (className) node.className = className;
   if (text !== undefined) node.textContent = text;
   return node;
+}
+
+// A gap event: messages this page would have been shown went unacknowledged (expired,
+// dropped by overflow, dead-lettered, or lost in a restart) while it was away.
+function lost(event) {
+  let gap;
+  try {
+    gap = JSON.parse(event.data);
+  } catch {
+    return; // not ours to understand: the messages that follow are what matters
+  }
+  const from = Number(gap.first);
+  const to = Number(gap.last);
+  if (!Number.isSafeInteger(from) || !Number.isSafeInteger(to)) return;
+  const which = from === to ? `position ${from}` : `positions ${from} to ${to}`;
+  say(`Messages were lost before they were acknowledged (${which}).`);
 }
 
 function received(pipe, event) {
