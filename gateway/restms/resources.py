@@ -354,7 +354,10 @@ async def _gone(request: web.Request, slot: Slot, reason: str) -> web.Response:
     """404 for a position with no message. One before the oldest the pipe holds (gone:
     acknowledged, or lost unacknowledged) names that oldest in RestMS-Earliest-Position,
     so that a reader that fell behind knows where to go on (docs/PROTOCOL.md)."""
-    found = await _service(request).pipe(request[PRINCIPAL].name, slot.pipe)  # 404 once gone
+    try:
+        found = await _service(request).pipe(request[PRINCIPAL].name, slot.pipe)
+    except NotFound:  # the pipe went too: what the read said stands
+        raise NotFound(reason) from None
     if slot.position >= found.earliest:
         raise NotFound(reason)
     headers = {views.EARLIEST: str(found.earliest)}
