@@ -42,8 +42,8 @@ its positions are taken again.) ``asynclet`` is the position the next message wi
 take; reading it waits. Acknowledging position ``n`` removes ``n`` and everything
 older; acknowledging the asynclet or a position beyond does nothing.
 
-Gaps (what a resuming reader is told, docs/EVENTS.md)
------------------------------------------------------
+Gaps (what a resuming reader is told, docs/EXTENSIONS.md §3)
+-------------------------------------------------------------
 A pipe's :class:`PipeInfo` carries two marks that only grow: ``acked``, the highest
 position acknowledged (a DELETE, a cursor's ack, a purge; 0 for none), and ``lost``,
 the highest position whose message left the pipe unacknowledged never to be delivered

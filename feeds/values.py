@@ -93,10 +93,10 @@ class PipeInfo:
 
     def gap(self, position: int) -> Gap | None:
         """What a reader resuming at ``position`` (the next it wants: one past the last
-        it was sent) lost, or None when nothing at or after it left unacknowledged. A
-        position already acknowledged counts from past the acknowledged ones; one
-        at or past :attr:`earliest` with nothing lost beyond it has no gap. A message
-        delivered again at a new position (a lease ran out) is not lost."""
+        it was sent) lost, or None when no message at or after it left the pipe
+        unacknowledged. Losses at or before the highest acknowledged position do not
+        count: whoever acknowledged went past them. A message delivered again at a new
+        position (a lease ran out) is not lost."""
         if position > self.lost or self.lost <= self.acked:
             return None
         return Gap(first=max(position, self.acked + 1), last=self.lost, earliest=self.earliest)
@@ -106,7 +106,7 @@ class PipeInfo:
 class Gap:
     """Messages a resuming reader would have been sent that are gone unacknowledged
     (:meth:`PipeInfo.gap`): told as SSE's ``gap`` event and the WebSocket's ``gap``
-    frame (docs/EVENTS.md). Only the positions that were lost are missing from
+    frame (docs/EXTENSIONS.md §3, Gaps). Only the positions that were lost are missing from
     ``first`` to ``last``; any still held there are sent as usual."""
 
     first: int  # the first position that may be missing

@@ -307,8 +307,7 @@ async def serve(request: web.Request, key: str, publish: Publisher) -> web.Strea
             "not a WebSocket upgrade: it needs Connection: Upgrade, Upgrade: websocket, "
             "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key"
         )
-    session = Session(request, ws, key, window, publish, after)
-    session.gap = pipe.gap(after + 1)
+    session = Session(request, ws, key, window, publish, after, pipe.gap(after + 1))
     try:
         with waiting(request, "websocket"):
             await ws.prepare(request)
@@ -343,6 +342,7 @@ class Session:
         window: int,
         publish: Publisher,
         after: int = 0,
+        gap: Gap | None = None,
     ) -> None:
         self.request = request
         self.ws = ws
@@ -351,7 +351,7 @@ class Session:
         # The gateway reads for the principal (None): the handler checked it may.
         self.cursor: Cursor = request[STATE].service.cursor(None, key, after)
         self.cursor.window(window)
-        self.gap: Gap | None = None  # told before the first message
+        self.gap = gap  # what it lost since ``after``: told before the first message
         self.refused = 0  # frames refused in a row
         self.end: End | None = None  # set once the gateway closes the socket
         self.ending = False  # the pusher is closing the socket itself
