@@ -221,7 +221,7 @@ async def cut_slow_head(
     writer.close()
     assert status_of(reply) == 408, reply[:200]
     assert b"Connection: close" in reply
-    assert 0.45 <= elapsed < 1.0
+    assert 0.45 <= elapsed < 2.5, elapsed  # cut near 0.5 s; the whole head takes 3.1 s
     assert limits(gw).too_slow == 1
     await settled(gw)
 
