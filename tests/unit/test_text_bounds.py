@@ -139,7 +139,7 @@ def test_a_stored_join_past_the_bound_is_skipped_at_restore() -> None:
     long = orjson.dumps([["k", "v" * (MAX_TEXT + 1)]]).decode()
     snapshot = Snapshot(
         feeds=[("news", "news", "headers", None, None, "default", "ann")],
-        pipes=[("p", "", None, "default", "ann", 1, "{}")],
+        pipes=[("p", "", None, "default", "ann", 1, "{}", 0, 0)],
         joins=[
             ("short", "p", "news", "", "", '[["k", "v"]]', 0),
             ("long", "p", "news", "", "", long, 0),
