@@ -11,7 +11,7 @@ record when it is one message routed to one pipe): building a tuple (or a few li
 a request) is the cheapest thing the hot path can do, and the writer turns batches of
 them into Arrow record batches off the event loop's thread.
 
-Files live at ``<lake>/date=YYYY-MM-DD/hour=HH/part-<utc-start>-<random>.parquet``:
+Files live at ``<lake>/date=YYYY-MM-DD/hour=HH/part-<utc-start>-<node>-<random>.parquet``:
 Hive-style partition directories derived from ``ts`` in UTC, whose values (``date``
 a string, ``hour`` an int) are not stored inside the files. A file is written under
 a name starting with ``.tmp-`` in its partition directory and renamed when complete;
@@ -21,7 +21,10 @@ Spark and pyarrow skip names that start with a dot or an underscore.
 from __future__ import annotations
 
 import datetime
+import os
+import re
 import secrets
+import socket
 from typing import Final
 
 # What happened to a message; one row per event.
@@ -169,11 +172,24 @@ def partition(ts: float) -> str:
     return f"date={when:%Y-%m-%d}/hour={when:%H}"
 
 
-def part_name(start: float) -> str:
-    """A data file's name: when it was started (UTC, to the second) and a random tail,
-    so that two writers (or two runs) never choose the same name."""
+def node_id(host: str, pid: int) -> str:
+    """Who writes a data file: the host name (letters, digits and ``-`` only, at most 40
+    characters, so that a name is safe on every file system and in every URI scheme) and
+    the id of the writing process. Nodes sharing one lake (docs/CLUSTER.md) each write
+    files of their own, and a file tells which machine and process wrote it."""
+    safe = re.sub(r"[^A-Za-z0-9]+", "-", host).strip("-")[:40].strip("-") or "host"
+    return f"{safe}-{pid}"
+
+
+def part_name(start: float, node: str | None = None) -> str:
+    """A data file's name: when it was started (UTC, to the second), the node that
+    writes it (:func:`node_id`; by default this host and process, asked at each call
+    since the writer is a process forked for the purpose) and a random tail, so that two
+    writers (two nodes, two runs, two hosts of one name) never choose the same name."""
     when = datetime.datetime.fromtimestamp(start, datetime.UTC)
-    return f"part-{when:%Y%m%dT%H%M%SZ}-{secrets.token_hex(6)}.parquet"
+    if node is None:
+        node = node_id(socket.gethostname(), os.getpid())
+    return f"part-{when:%Y%m%dT%H%M%SZ}-{node}-{secrets.token_hex(6)}.parquet"
 
 
 def temporary(name: str) -> str:

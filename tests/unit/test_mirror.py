@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import re
+import socket
 import threading
 import time
 from collections import Counter
@@ -89,9 +91,26 @@ def test_partition_and_names() -> None:
     assert schema.partition(T0) == "date=2026-03-04/hour=05"
     assert schema.partition(T0 + 1) == "date=2026-03-04/hour=06"
     name = schema.part_name(T0)
-    assert re.fullmatch(r"part-20260304T055959Z-[0-9a-f]{12}\.parquet", name)
+    node = schema.node_id(socket.gethostname(), os.getpid())
+    assert re.fullmatch(rf"part-20260304T055959Z-{node}-[0-9a-f]{{12}}\.parquet", name)
     assert schema.temporary(name) == ".tmp-" + name
     assert schema.part_name(T0) != name  # a random tail
+    assert schema.part_name(T0, "b-7").startswith("part-20260304T055959Z-b-7-")
+
+
+@pytest.mark.parametrize(
+    ("host", "node"),
+    [
+        ("gw1.example.com", "gw1-example-com-42"),
+        ("../../etc/passwd", "etc-passwd-42"),
+        ("nöde_1 ", "n-de-1-42"),
+        ("", "host-42"),
+        ("...", "host-42"),
+        ("a" * 60, "a" * 40 + "-42"),
+    ],
+)
+def test_node_ids_are_safe_in_file_names(host: str, node: str) -> None:
+    assert schema.node_id(host, 42) == node
     assert set(schema.EVENTS) == {
         "publish",
         "route",
@@ -120,7 +139,10 @@ def test_events_round_trip_through_the_lake(tmp_path: Path) -> None:
         "date=2026-03-04/hour=06",
         "date=2026-03-04/hour=07",
     ]
-    assert all(re.fullmatch(r"part-\d{8}T\d{6}Z-[0-9a-f]{12}\.parquet", f.name) for f in files)
+    assert all(
+        re.fullmatch(r"part-\d{8}T\d{6}Z-[A-Za-z0-9-]+-\d+-[0-9a-f]{12}\.parquet", f.name)
+        for f in files
+    )
     for f in files:
         assert pq.read_schema(f).remove_metadata() == SCHEMA
     table = read_lake(lake)
