@@ -15,7 +15,10 @@ admin CLI's ``--client-secret S`` would read one as an option), shown once and s
 ``scrypt$<n>$<r>$<p>$<salt>$<hash>`` (base64). scrypt is slow on purpose: every
 :func:`hash_secret`, :func:`verify_secret` and :meth:`ClientStore.authenticate` costs
 tens of milliseconds of CPU, and every :class:`ClientStore` method does blocking file
-I/O, so code on an event loop must call them through ``asyncio.to_thread``.
+I/O, so code on an event loop must call them through ``asyncio.to_thread``: the gateway
+reaches the store through :class:`FileClients`, its async face. The same face,
+:class:`Clients`, is served by :class:`auth.cluster.RedisClients` when several nodes
+share one registry (docs/AUTH.md, "Several nodes").
 
 The file, its lock file and their directory are private to the gateway's user (0600
 and 0700): a hash still invites an offline guess.
@@ -23,6 +26,7 @@ and 0700): a hash still invites an offline guess.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import fcntl
@@ -38,7 +42,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 CLIENTS_FILE = Path("oauth", "clients.json")  # relative to the data directory
 
@@ -245,7 +249,7 @@ class ClientStore:
         try:
             if data.get("version") != 1:
                 raise ValueError("unknown version")
-            clients = [_client_from_json(item) for item in data["clients"]]
+            clients = [client_from_json(item) for item in data["clients"]]
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"the clients file {self.path} is malformed: {exc}") from exc
         return {c.client_id: c for c in clients}
@@ -272,7 +276,49 @@ class ClientStore:
         write_private(self.path, json.dumps(document, indent=2).encode("utf-8") + b"\n")
 
 
-def _client_from_json(item: Mapping[str, Any]) -> Client:
+class Clients(Protocol):
+    """The client registry as the gateway uses it, from its event loop: configured
+    clients first, then the stored ones. Errors: ValueError (malformed, taken, or a
+    damaged store), KeyError (:meth:`remove` of an unknown client), OSError (the store
+    cannot be reached: a retriable 503)."""
+
+    async def get(self, client_id: str) -> Client | None: ...
+
+    async def authenticate(self, client_id: str, secret: str) -> Client | None: ...
+
+    async def clients(self) -> list[Client]: ...
+
+    async def add(self, client_id: str, scopes: Sequence[str]) -> str: ...
+
+    async def remove(self, client_id: str) -> None: ...
+
+
+class FileClients:
+    """A :class:`ClientStore` (one node's file) behind :class:`Clients`: every call in a
+    thread, off the event loop."""
+
+    def __init__(self, store: ClientStore) -> None:
+        self.store = store
+
+    async def get(self, client_id: str) -> Client | None:
+        return await asyncio.to_thread(self.store.get, client_id)
+
+    async def authenticate(self, client_id: str, secret: str) -> Client | None:
+        return await asyncio.to_thread(self.store.authenticate, client_id, secret)
+
+    async def clients(self) -> list[Client]:
+        return await asyncio.to_thread(self.store.clients)
+
+    async def add(self, client_id: str, scopes: Sequence[str]) -> str:
+        return await asyncio.to_thread(self.store.add, client_id, scopes)
+
+    async def remove(self, client_id: str) -> None:
+        await asyncio.to_thread(self.store.remove, client_id)
+
+
+def client_from_json(item: Mapping[str, Any]) -> Client:
+    """A client from its JSON form (``client_id``, ``secret_hash``, ``scopes``); a
+    ValueError, KeyError or TypeError when it is malformed."""
     scopes = item["scopes"]
     if not isinstance(scopes, list) or not all(isinstance(s, str) for s in scopes):
         raise ValueError("scopes must be a list of strings")

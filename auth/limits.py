@@ -45,6 +45,14 @@ started waits as the guesser does: ``Retry-After`` at most ``1 / account_rate``
 seconds, one try each time the bucket refills.
 
 All three are single-threaded: they belong to one event loop.
+
+Several nodes (docs/AUTH.md, "Several nodes"). The per-account bucket of failed checks
+is behind :class:`Buckets`: one node's :class:`LocalBuckets`, or buckets every node
+shares (:class:`auth.cluster.RedisBuckets`), so that N nodes do not give a guesser N
+times the tries. The per-address bucket, the secrets known right and the per-principal
+:class:`RateLimiter` stay each node's own: the first two bound what one node spends on
+scrypt, and the last is on every request's path, where a shared bucket would cost a
+round trip to Redis each time (N nodes behind a balancer allow N times ``rate_limit``).
 """
 
 from __future__ import annotations
@@ -59,8 +67,9 @@ import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
-__all__ = ["RateLimiter", "SecretChecks", "Slots", "address_key"]
+__all__ = ["Buckets", "LocalBuckets", "RateLimiter", "SecretChecks", "Slots", "address_key"]
 
 KNOWN_FOR = 7 * 24 * 3600.0  # seconds a secret that checked right skips the bounds
 KNOWN_KEPT = 10_000  # such secrets remembered at most (the least recently used go)
@@ -153,6 +162,33 @@ class RateLimiter:
             buckets.popitem(last=False)
 
 
+class Buckets(Protocol):
+    """Token buckets per key, as :class:`SecretChecks` uses them for accounts."""
+
+    async def take(self, key: str) -> float:
+        """0.0 when a token was paid, else the seconds until one will be there."""
+        ...
+
+    async def give(self, key: str) -> None:
+        """Give back a token :meth:`take` paid."""
+        ...
+
+
+class LocalBuckets:
+    """One node's :class:`RateLimiter` behind :class:`Buckets` (answered at once)."""
+
+    __slots__ = ("limiter",)
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self.limiter = limiter
+
+    async def take(self, key: str) -> float:
+        return self.limiter.take(key)
+
+    async def give(self, key: str) -> None:
+        self.limiter.give(key)
+
+
 class Slots:
     """Counts of things each key holds at once, at most ``limit`` each.
 
@@ -229,7 +265,8 @@ class SecretChecks:
 
     Use: :meth:`admit` before a check (a refusal is the seconds to wait and why), then
     :meth:`passed` after a check that succeeded. ``account_rate == 0`` turns the
-    per-account bound off.
+    per-account bound off. ``accounts`` are the per-account buckets when they are not
+    this node's own (then ``account_rate`` and ``account_burst`` are theirs to know).
     """
 
     __slots__ = ("_clock", "_key", "_known", "accounts", "addresses")
@@ -243,9 +280,13 @@ class SecretChecks:
         account_burst: int,
         max_keys: int = 100_000,
         clock: Callable[[], float] = time.monotonic,
+        accounts: Buckets | None = None,
     ) -> None:
         self.addresses = RateLimiter(address_rate, address_burst, max_keys=max_keys, clock=clock)
-        self.accounts = RateLimiter(account_rate, account_burst, max_keys=max_keys, clock=clock)
+        if accounts is None:
+            local = RateLimiter(account_rate, account_burst, max_keys=max_keys, clock=clock)
+            accounts = LocalBuckets(local)
+        self.accounts = accounts
         self._clock = clock
         self._key = secrets.token_bytes(32)
         self._known: OrderedDict[bytes, float] = OrderedDict()  # HMAC -> until when
@@ -269,7 +310,7 @@ class SecretChecks:
             return False
         return True
 
-    def admit(self, peer: str | None, account: str, secret: str) -> tuple[float, str]:
+    async def admit(self, peer: str | None, account: str, secret: str) -> tuple[float, str]:
         """``(0.0, "")`` when the check may run; else the seconds until it may and the
         reason. A secret known right skips the account's bound, and pays into an address
         bucket of its own (the address's and the account's): still no more checks a
@@ -282,20 +323,21 @@ class SecretChecks:
         if wait:
             return wait, "too many secret checks from this address"
         if not known:
-            wait = self.accounts.take(account)
+            wait = await self.accounts.take(account)
             if wait:
                 return wait, "too many failed secret checks for this account"
         return 0.0, ""
 
-    def passed(self, account: str, secret: str) -> None:
+    async def passed(self, account: str, secret: str) -> None:
         """The check :meth:`admit` let run found the secret right: the account gets back
         what it paid, and the secret is known right from now on."""
         mac = self._mac(account, secret)
         known = self._known
-        if mac in known:
+        paid = mac not in known  # a known secret paid nothing into the account's bucket
+        if not paid:
             known.move_to_end(mac)
-        else:
-            self.accounts.give(account)
         known[mac] = self._clock() + KNOWN_FOR
         while len(known) > KNOWN_KEPT:
             known.popitem(last=False)
+        if paid:
+            await self.accounts.give(account)

@@ -26,22 +26,63 @@ are refused too: a client re-added under the same id gets working tokens after t
 :meth:`Revocations.refuses` is a dict lookup (the hot path: every bearer request of
 the built-in issuer); :meth:`Revocations.load`, :meth:`Revocations.refresh` and
 :meth:`Revocations.revoke` do blocking file I/O and must be called through
-``asyncio.to_thread`` from an event loop.
+``asyncio.to_thread`` from an event loop; the gateway calls their async faces
+:meth:`Revocations.update` and :meth:`Revocations.record`, which do so. Those make the
+interface :class:`RevocationList`, which :class:`auth.cluster.RedisRevocations` serves
+too, when several nodes share one list (docs/AUTH.md, "Several nodes").
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from .clients import check_client_id, file_lock, write_private
 
 REVOKED_FILE = Path("oauth", "revoked.json")  # relative to the data directory
 MARGIN = 1.0  # seconds after a revocation during which new tokens are still refused
+
+
+def refused(at: Mapping[str, float], client_id: str | None, issued: float | None) -> bool:
+    """Whether a token of the built-in issuer for ``client_id`` issued at ``issued``
+    (its ``iat``; None: unknown, refused) predates that client's revocation in ``at``."""
+    if not at or client_id is None:
+        return False
+    revoked = at.get(client_id)
+    if revoked is None:
+        return False
+    return issued is None or issued <= revoked + MARGIN
+
+
+class RevocationList(Protocol):
+    """The revocation list as the gateway uses it from its event loop."""
+
+    @property
+    def at(self) -> Mapping[str, float]:
+        """Client id -> time of its revocation, as this node knows it (usually empty)."""
+        ...
+
+    def refuses(self, client_id: str | None, issued: float | None) -> bool:
+        """:func:`refused`, on what this node knows: no I/O (the hot path)."""
+        ...
+
+    def stale(self) -> bool:
+        """Whether what this node knows is too old to judge a token by (then 503)."""
+        ...
+
+    async def update(self) -> list[str]:
+        """Learn of revocations made elsewhere; the clients revoked since last time."""
+        ...
+
+    async def record(self, client_id: str) -> float:
+        """Revoke ``client_id`` now, kept before this returns; the time recorded."""
+        ...
 
 
 class Revocations:
@@ -65,12 +106,19 @@ class Revocations:
     def refuses(self, client_id: str | None, issued: float | None) -> bool:
         """Whether a token of the built-in issuer for ``client_id`` issued at ``issued``
         (its ``iat``; None: unknown, refused) predates that client's revocation."""
-        if not self.at or client_id is None:
-            return False
-        revoked = self.at.get(client_id)
-        if revoked is None:
-            return False
-        return issued is None or issued <= revoked + MARGIN
+        return refused(self.at, client_id, issued)
+
+    def stale(self) -> bool:
+        """Never: this node's file is what is in force (a damaged one keeps what was read)."""
+        return False
+
+    async def update(self) -> list[str]:
+        """:meth:`refresh`, in a thread."""
+        return await asyncio.to_thread(self.refresh)
+
+    async def record(self, client_id: str) -> float:
+        """:meth:`revoke`, in a thread."""
+        return await asyncio.to_thread(self.revoke, client_id)
 
     def load(self) -> None:
         """Read the file (blocking); a missing file is an empty list, a malformed one a

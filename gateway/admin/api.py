@@ -24,25 +24,25 @@ its domains. Statistics span every domain and clients may be granted any scope, 
 those routes take an unqualified ``restms:admin``. A principal with no admin scope at
 all gets 403 on every route before anything is looked at, as for bridges.
 
-Clients: :class:`auth.clients.ClientStore` does blocking file I/O and scrypt, so it is
-called through ``asyncio.to_thread``; a revocation is on disk before the reply
-(:mod:`auth.revocations`).
+Clients: the registry (:class:`auth.clients.Clients`: one node's file, its calls in
+threads, or the registry several nodes share in Redis) and the revocation list are
+called from the loop; a revocation is kept (on disk, or in Redis) before the reply
+(:mod:`auth.revocations`), and a store that fails is a retriable 503.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 from aiohttp import web
 
 from auth import GUEST, Principal
-from auth.clients import ClientStore, check_client_id, check_scope_token
+from auth.clients import Clients, check_client_id, check_scope_token
 from auth.principals import NAME
-from auth.revocations import Revocations
+from auth.revocations import RevocationList
 from feeds.service import DEFAULT_DOMAIN, PipeState
 from gateway.admin import bridging
 from gateway.admin.bridging import BRIDGES
@@ -305,16 +305,18 @@ def _mirror(app: web.Application) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- clients
-async def _in_thread(call: Callable[..., T], *args: Any) -> T:
-    """A blocking file operation of the client store or revocation list, off the loop;
-    a disk that fails (full, read-only) is a retriable 503, not a 500."""
+async def _stored(call: Awaitable[T]) -> T:
+    """An operation of the client registry or revocation list; a store that fails (a
+    disk full or read-only, a Redis Cluster that does not answer) is a retriable 503,
+    not a 500."""
     try:
-        return await asyncio.to_thread(call, *args)
+        return await call
     except OSError as exc:
-        raise ServiceUnavailable(f"the OAuth files cannot be written: {exc.strerror}", 5) from exc
+        reason = exc.strerror or str(exc)
+        raise ServiceUnavailable(f"the OAuth clients cannot be written: {reason}", 5) from exc
 
 
-def _clients(request: web.Request) -> ClientStore:
+def _clients(request: web.Request) -> Clients:
     _need_gateway_admin(request, "managing clients")
     store = request.app.get(CLIENTS)
     if store is None:
@@ -326,7 +328,7 @@ async def list_clients(request: web.Request) -> web.Response:
     store = _clients(request)
     configured = {c.client_id for c in request[STATE].config.clients}
     try:
-        found = await _in_thread(store.clients)
+        found = await _stored(store.clients())
     except ValueError as exc:  # the file was damaged by hand
         raise Conflict(str(exc)) from exc
     shown = [
@@ -366,7 +368,7 @@ async def add_client(request: web.Request) -> web.Response:
     if client_id == GUEST:
         raise BadRequest(f"{GUEST!r} is the loopback guest: choose another client id")
     try:
-        secret = await _in_thread(store.add, client_id, scopes)
+        secret = await _stored(store.add(client_id, scopes))
     except ValueError as exc:  # taken, or configured
         raise Conflict(str(exc)) from exc
     location = f"{http.origin(request)}{CLIENTS_PATH}/{client_id}"
@@ -388,7 +390,7 @@ async def revoke_client(request: web.Request) -> web.Response:
         raise Forbidden(f"client {client_id!r} is in the configuration file: remove it there")
     revocations = request[STATE].auth.revocations
     try:
-        known = await _in_thread(store.get, client_id)
+        known = await _stored(store.get(client_id))
     except ValueError as exc:  # the file was damaged by hand
         raise Conflict(str(exc)) from exc
     if known is None or revocations is None:
@@ -396,7 +398,7 @@ async def revoke_client(request: web.Request) -> web.Response:
     await _revoke(revocations, client_id)
     request[STATE].auth.end_revoked(client_id)  # its open waits, streams and sockets
     try:
-        await _in_thread(store.remove, client_id)
+        await _stored(store.remove(client_id))
     except KeyError:
         pass  # removed meanwhile by someone else: revoked all the same
     except ValueError as exc:
@@ -405,9 +407,9 @@ async def revoke_client(request: web.Request) -> web.Response:
     return http.json_reply({"revoked": client_id, "at": at})
 
 
-async def _revoke(revocations: Revocations, client_id: str) -> float:
+async def _revoke(revocations: RevocationList, client_id: str) -> float:
     try:
-        return await _in_thread(revocations.revoke, client_id)
+        return await _stored(revocations.record(client_id))
     except ValueError as exc:  # the list was damaged by hand: not overwritten
         raise Conflict(str(exc)) from exc
 

@@ -12,6 +12,12 @@ many addresses.
 
 The policy itself (who may do what) lives in :mod:`auth`; this module reads the
 request, calls it, and turns its answers into replies.
+
+State. One node keeps its signing key, clients and revocation list in its data
+directory. Given a :class:`auth.cluster.Shared` (several nodes on one Redis Cluster,
+docs/AUTH.md "Several nodes"), the signing key, the client registry, the revocation
+list and the per-account bound on failed secret checks are those every node shares;
+where that state does not answer, a request it would decide is a retriable 503.
 """
 
 from __future__ import annotations
@@ -34,17 +40,17 @@ import aiohttp
 from aiohttp import hdrs, web
 from joserfc.jwk import ECKey
 
-from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, grants
-from auth.clients import CLIENTS_FILE, DUMMY_HASH, ClientStore, verify_secret
+from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, cluster, grants
+from auth.clients import CLIENTS_FILE, DUMMY_HASH, Clients, ClientStore, FileClients, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, SecretChecks, Slots
-from auth.revocations import REVOKED_FILE, Revocations
+from auth.revocations import REVOKED_FILE, RevocationList, Revocations
 from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
 from gateway.admin import page
 from gateway.server.config import Config
 from gateway.server.connections import waits
 from gateway.server.keys import CHECKS, CLIENTS, CONFIG, ISSUER, SERVICE
-from restms.errors import TooManyRequests, Unauthorized
+from restms.errors import ServiceUnavailable, TooManyRequests, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +70,8 @@ WAIT_KINDS = ("asynclet", "evented", "sse", "stream", "websocket")
 class Authenticator:
     """Everything needed to turn a request's credentials into a :class:`Principal`."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, shared: cluster.Shared | None = None) -> None:
+        self.shared = shared  # the state several nodes share; None: this node's own
         self.guests = Guests(
             anonymous=config.anonymous,
             guest_user=config.guest_user,
@@ -80,6 +87,11 @@ class Authenticator:
             address_burst=CHECK_BURST,
             account_rate=config.account_failure_rate,
             account_burst=config.account_failure_burst,
+            accounts=None
+            if shared is None
+            else cluster.RedisBuckets(
+                shared, config.account_failure_rate, config.account_failure_burst
+            ),
         )
         self.waits = Slots(config.max_waits_per_principal)
         self.sockets = Slots(config.websocket_max_per_principal)  # open WebSockets
@@ -89,7 +101,7 @@ class Authenticator:
         self.held: dict[str, set[Waiting]] = {}
         self.verifier: Verifier | None = None  # set when the app starts (keys are read)
         # The built-in issuer's revoked clients (set at start with the issuer, if any).
-        self.revocations: Revocations | None = None
+        self.revocations: RevocationList | None = None
         self.builtin = ""  # the built-in issuer's "iss"
         self.prefixes: dict[str, str] = {}  # token issuer -> prefix of its principals' names
         endpoint = urllib.parse.urlsplit(config.introspection_url).netloc
@@ -142,12 +154,11 @@ class Authenticator:
             # Revocable: a token without iat (none of ours) is refused as if issued never.
             issued = -math.inf if claims.issued is None else claims.issued
             revoked = self.revocations
-            if (
-                revoked is not None
-                and revoked.at  # usually empty: no call on the hot path
-                and revoked.refuses(claims.subject, issued)
-            ):
-                raise Revoked("bearer token refused: its client was revoked")
+            if revoked is not None and (revoked.at or revoked.stale()):  # usually neither
+                if revoked.stale():
+                    raise ServiceUnavailable("the revocation list cannot be read; retry later")
+                if revoked.refuses(claims.subject, issued):
+                    raise Revoked("bearer token refused: its client was revoked")
         prefix = self.prefixes.get(claims.issuer)
         if prefix is None:  # introspected, from no issuer we know: named after the endpoint
             prefix = self.introspected
@@ -173,13 +184,13 @@ class Authenticator:
         remembered = self._logins.get(key)
         if remembered is not None and time.monotonic() < remembered[1]:
             return remembered[0]
-        self.admit(peer, name, password)
+        await self.admit(peer, name, password)
         user = self.users.get(name)
         encoded = user.password_hash if user is not None else DUMMY_HASH
         ok = await asyncio.to_thread(verify_secret, password, encoded)
         if user is None or not ok:
             raise Unauthorized("wrong user name or password", self.challenges)
-        self.secret_checks.passed(name, password)
+        await self._passed(name, password)
         principal = Principal(user.name, grants(user.scopes), None, "basic")
         self._remember(key, principal)
         return principal
@@ -212,14 +223,23 @@ class Authenticator:
             self._logins.popitem(last=False)
 
     # ------------------------------------------------------------ limits
-    def admit(self, peer: str | None, account: str, secret: str) -> None:
+    async def admit(self, peer: str | None, account: str, secret: str) -> None:
         """Before a secret is checked with scrypt (a Basic login not remembered, a token
         request): 429 past the bounds per client address and per account
-        (:class:`auth.limits.SecretChecks`); the caller reports a right secret with
-        ``secret_checks.passed``."""
-        wait, reason = self.secret_checks.admit(peer, account, secret)
+        (:class:`auth.limits.SecretChecks`), 503 when shared bounds do not answer; the
+        caller reports a right secret with ``secret_checks.passed``."""
+        try:
+            wait, reason = await self.secret_checks.admit(peer, account, secret)
+        except OSError as exc:
+            raise ServiceUnavailable(f"the login bounds cannot be checked: {exc}") from exc
         if wait:
             raise TooManyRequests(reason, max(1, math.ceil(wait)))
+
+    async def _passed(self, account: str, secret: str) -> None:
+        try:
+            await self.secret_checks.passed(account, secret)
+        except OSError as exc:  # what it paid stays paid: it regains it at the bound's rate
+            log.warning("a right secret's check not given back: %s", exc)
 
     def take(self, principal: Principal) -> None:
         """The principal's rate limit: 429 with Retry-After when its bucket is empty."""
@@ -411,13 +431,9 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
             return reply.status, body[:FETCH_LIMIT]
 
     trusted: list[TrustedIssuer] = []
+    shared = authenticator.shared
     if config.builtin_issuer:
-        directory = oauth_dir(config)
-        if config.store == "memory":  # nothing on disk: tokens end with the process
-            key = SigningKey(await asyncio.to_thread(ECKey.generate_key, "P-256", private=True))
-        else:
-            key = await asyncio.to_thread(SigningKey.load_or_create, directory / KEY_FILE.name)
-        clients = ClientStore(directory / CLIENTS_FILE.name, config.clients)
+        key, clients, revocations = await _builtin_state(config, shared)
         issuer = Issuer(
             issuer_url(config),
             config.audience,
@@ -428,9 +444,7 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         app[ISSUER] = issuer
         app[CLIENTS] = clients
         app[CHECKS] = authenticator.secret_checks
-        revoked_file = None if config.store == "memory" else directory / REVOKED_FILE.name
-        revocations = Revocations(revoked_file, config.token_ttl + config.token_leeway)
-        await asyncio.to_thread(revocations.load)
+        await revocations.update()  # as it stands at start: a failure stops the start
         authenticator.revocations, authenticator.builtin = revocations, issuer.issuer
         trusted.append(
             TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
@@ -468,10 +482,10 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
     if jwt is not None or introspector is not None:
         authenticator.verifier = Verifier(jwt, introspector, cache_size=config.token_cache)
     watcher = None
-    if authenticator.revocations is not None and authenticator.revocations.path is not None:
-        watcher = asyncio.create_task(
-            watch_revocations(authenticator, authenticator.revocations), name="revocations"
-        )
+    revoked = authenticator.revocations
+    # Others write the list: other nodes, or the CLI on this data directory (a file).
+    if revoked is not None and (shared is not None or config.store != "memory"):
+        watcher = asyncio.create_task(watch_revocations(authenticator, revoked), name="revocations")
     try:
         yield
     finally:
@@ -482,18 +496,44 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         await session.close()
 
 
-async def watch_revocations(authenticator: Authenticator, revocations: Revocations) -> None:
+async def _builtin_state(
+    config: Config, shared: cluster.Shared | None
+) -> tuple[SigningKey, Clients, RevocationList]:
+    """The built-in issuer's signing key, clients and revocation list: those every node
+    shares, or this node's (in its data directory; in memory for ``store = "memory"``)."""
+    keep = config.token_ttl + config.token_leeway
+    if shared is not None:
+        key = await cluster.signing_key(shared)
+        clients = cluster.RedisClients(shared, config.clients)
+        return key, clients, cluster.RedisRevocations(shared, keep)
+    directory = oauth_dir(config)
+    if config.store == "memory":  # nothing on disk: tokens end with the process
+        key = SigningKey(await asyncio.to_thread(ECKey.generate_key, "P-256", private=True))
+    else:
+        key = await asyncio.to_thread(SigningKey.load_or_create, directory / KEY_FILE.name)
+    store = FileClients(ClientStore(directory / CLIENTS_FILE.name, config.clients))
+    revoked_file = None if config.store == "memory" else directory / REVOKED_FILE.name
+    return key, store, Revocations(revoked_file, keep)
+
+
+async def watch_revocations(authenticator: Authenticator, revocations: RevocationList) -> None:
     """Learn of revocations written by others (``main.py client revoke``, another
-    process on this data directory): the file is looked at every
-    :data:`REVOCATIONS_POLL` seconds, in a thread (a stat, and a read when it changed),
-    and what holds a newly refused token is ended."""
+    process on this data directory, another node): the list is looked at every
+    :data:`REVOCATIONS_POLL` seconds (a file: in a thread, a stat, and a read when it
+    changed) and what holds a newly refused token is ended."""
+    failing = False
     while True:
         await asyncio.sleep(REVOCATIONS_POLL)
         try:
-            revoked = await asyncio.to_thread(revocations.refresh)
+            revoked = await revocations.update()
         except (OSError, ValueError) as exc:  # what was read before stays in force
-            log.warning("revocation list not read: %s", exc)
+            if not failing:  # once a streak, not twice a second
+                log.warning("revocation list not read: %s", exc)
+            failing = True
             continue
+        if failing:
+            log.info("revocation list read again")
+            failing = False
         for client_id in revoked:
             authenticator.end_revoked(client_id)
 

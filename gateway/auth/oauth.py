@@ -8,12 +8,13 @@
 
 The three paths (:data:`PUBLIC_PATHS`) need no bearer token. Client lookup and
 secret checks (scrypt, file reads) run in a thread, never on the loop. Secrets and
-tokens are never logged.
+tokens are never logged. Where the client registry or the bounds on secret checks
+cannot be reached (the shared state of several nodes, docs/AUTH.md), the answer is a
+503 ``temporarily_unavailable`` with ``Retry-After``, never a token.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from auth.clients import ClientStore
+from auth.clients import Clients, ClientStore, FileClients
 from auth.issuer import (
     JWKS_PATH,
     MAX_FORM,
@@ -45,10 +46,18 @@ _CACHEABLE = {"Cache-Control": "public, max-age=300"}
 _CHALLENGE = 'Basic realm="restms"'
 
 
-def add_routes(app: web.Application, issuer: Issuer, clients: ClientStore) -> None:
+class Unavailable(OAuthError):
+    """The registry or the bounds did not answer: RFC 6749 section 4.1.2.1's code for
+    "try again later", with the gateway's 503."""
+
+    error = "temporarily_unavailable"
+    status = 503
+
+
+def add_routes(app: web.Application, issuer: Issuer, clients: Clients | ClientStore) -> None:
     """Serve the token endpoint, the JWKS and the metadata from ``app``."""
     app[ISSUER] = issuer
-    app[CLIENTS] = clients
+    app[CLIENTS] = FileClients(clients) if isinstance(clients, ClientStore) else clients
     app.router.add_post(TOKEN_PATH, token)
     app.router.add_get(JWKS_PATH, jwks)
     app.router.add_get(METADATA_PATH, metadata)
@@ -67,15 +76,19 @@ async def token(request: web.Request) -> web.Response:
             request.content_type, body, request.headers.get("Authorization")
         )
         checks = request.app.get(CHECKS)
-        if checks is not None:  # 429 past a bound, an OAuth error as the others here
-            wait, reason = checks.admit(request.remote, wanted.client_id, wanted.client_secret)
-            if wait:
-                raise TooManyChecks(reason, max(1, math.ceil(wait)))
-        client = await asyncio.to_thread(
-            request.app[CLIENTS].authenticate, wanted.client_id, wanted.client_secret
-        )
-        if client is not None and checks is not None:
-            checks.passed(wanted.client_id, wanted.client_secret)
+        try:
+            if checks is not None:  # 429 past a bound, an OAuth error as the others here
+                wait, reason = await checks.admit(
+                    request.remote, wanted.client_id, wanted.client_secret
+                )
+                if wait:
+                    raise TooManyChecks(reason, max(1, math.ceil(wait)))
+            client = await request.app[CLIENTS].authenticate(wanted.client_id, wanted.client_secret)
+            if client is not None and checks is not None:
+                await checks.passed(wanted.client_id, wanted.client_secret)
+        except OSError as exc:  # a store that did not answer; the reason names no secret
+            log.warning("token request not served: %s", exc)
+            raise Unavailable("the client registry cannot be reached; retry later") from exc
         if client is None:
             # not the id sent: a client that swapped id and secret would log its secret
             log.info("token refused: bad client credentials", extra={"peer": request.remote})
@@ -91,6 +104,8 @@ async def token(request: web.Request) -> web.Response:
             headers["WWW-Authenticate"] = _CHALLENGE
         if isinstance(exc, TooManyChecks):
             headers["Retry-After"] = str(exc.retry_after)
+        elif isinstance(exc, Unavailable):
+            headers["Retry-After"] = "1"
         document = {"error": exc.error, "error_description": exc.description}
         return _json(document, headers, exc.status)
     log.info("token issued", extra={"client_id": client.client_id, "scope": reply["scope"]})

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
 
+from auth import cluster
+from auth.cluster import Shared
 from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.service import EngineService
 from gateway.admin import analytics, bridging, metrics, mirroring, page
@@ -17,7 +19,7 @@ from gateway.admin.bridging import BRIDGES, bridges_context, make_registry
 from gateway.auth import oauth
 from gateway.auth.authn import AUTH, Authenticator, auth_context
 from gateway.restms import resources
-from gateway.restms.idempotency import Replies
+from gateway.restms.idempotency import RedisReplies, Replies, ReplyStore
 from gateway.restms.websocket import FRAMES, Frames
 from gateway.server import middleware, proxies, readiness
 from gateway.server.config import Config
@@ -29,14 +31,32 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build_app(config: Config, engine: EngineService) -> web.Application:
+def build_app(
+    config: Config, engine: EngineService, *, shared: Shared | None = None
+) -> web.Application:
     """The gateway's app over ``engine`` (made by the composition root, main.py's
-    ``open_engine``), which the app starts and closes with its cleanup contexts."""
+    ``open_engine``), which the app starts and closes with its cleanup contexts.
+
+    ``shared`` is where the state several nodes share lives (OAuth signing key,
+    clients, revocations, failed-login bounds, Idempotency-Key replies: docs/AUTH.md,
+    "Several nodes"); None follows ``engine``: the Redis Cluster at ``redis_url`` for
+    ``engine = "redis"``, else this node's data directory and memory. Tests give one of
+    their own (a namespace on the cluster) to gateways whose messages stay embedded.
+    The app closes it when it stops.
+    """
+    if shared is None:
+        shared = cluster.for_settings(config)
     app = web.Application(client_max_size=config.max_body)
     app[CONFIG] = config
-    app[REPLIES] = Replies(config.dedup_window, config.idempotency_max, config.idempotency_bytes)
+    window, limit, budget = config.dedup_window, config.idempotency_max, config.idempotency_bytes
+    replies: ReplyStore = (
+        Replies(window, limit, budget)
+        if shared is None
+        else RedisReplies(shared, window, limit, budget)
+    )
+    app[REPLIES] = replies
     app[IN_FLIGHT] = InFlight()
-    app[AUTH] = Authenticator(config)
+    app[AUTH] = Authenticator(config, shared)
     proxies.install(app, config.trusted_proxies)  # X-Forwarded-* (docs/OPERATIONS.md)
     app[SERVICE] = engine
     app[BRIDGES] = make_registry(app)
@@ -60,6 +80,8 @@ def build_app(config: Config, engine: EngineService) -> web.Application:
         app.router.add_get(METADATA_PATH, oauth.metadata)
     app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(mirroring.mirror_context)  # first in, last out: sees every event
+    if shared is not None:
+        app.cleanup_ctx.append(_shared_context(shared))  # closed after everything using it
     app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(_engine_context)
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
@@ -76,6 +98,18 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
     await service.start()
     yield
     await service.close()
+
+
+def _shared_context(
+    shared: Shared,
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def closing(app: web.Application) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await shared.close()
+
+    return closing
 
 
 def begin_shutdown(app: web.Application) -> None:

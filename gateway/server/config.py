@@ -153,6 +153,8 @@ class Config:
     keepalive_timeout: float = 75.0  # seconds an idle keep-alive connection stays open
     tls_cert: str = ""  # PEM certificate chain: with tls_key, the gateway serves HTTPS
     tls_key: str = field(default="", repr=False)
+    engine: str = "embedded"
+    redis_url: str = field(default="redis://127.0.0.1:7101", repr=False)
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash

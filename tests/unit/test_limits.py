@@ -200,61 +200,64 @@ def checks(clock: Clock) -> SecretChecks:
     )
 
 
-def test_an_account_is_bounded_whatever_address_guesses(clock: Clock) -> None:
+async def test_an_account_is_bounded_whatever_address_guesses(clock: Clock) -> None:
     bounds = checks(clock)
-    assert bounds.admit("192.0.2.1", "alice", "x") == (0.0, "")
-    assert bounds.admit("192.0.2.2", "alice", "y") == (0.0, "")
-    wait, reason = bounds.admit("192.0.2.3", "alice", "z")
+    assert await bounds.admit("192.0.2.1", "alice", "x") == (0.0, "")
+    assert await bounds.admit("192.0.2.2", "alice", "y") == (0.0, "")
+    wait, reason = await bounds.admit("192.0.2.3", "alice", "z")
     assert (wait, reason) == (pytest.approx(2.0), "too many failed secret checks for this account")
-    assert bounds.admit("192.0.2.3", "bob", "z") == (0.0, "")  # another account
+    assert await bounds.admit("192.0.2.3", "bob", "z") == (0.0, "")  # another account
     clock.now += 2.0  # one failure regained
-    assert bounds.admit("192.0.2.4", "alice", "w") == (0.0, "")
+    assert await bounds.admit("192.0.2.4", "alice", "w") == (0.0, "")
 
 
-def test_one_ipv6_slash_64_is_one_address(clock: Clock) -> None:
+async def test_one_ipv6_slash_64_is_one_address(clock: Clock) -> None:
     bounds = checks(clock)
     for i in range(4):  # four accounts, so that no account's bound is reached
-        assert bounds.admit(f"2001:db8::{i + 1}", f"user{i}", "x") == (0.0, "")
-    wait, reason = bounds.admit("2001:db8::ffff", "user9", "x")
+        assert await bounds.admit(f"2001:db8::{i + 1}", f"user{i}", "x") == (0.0, "")
+    wait, reason = await bounds.admit("2001:db8::ffff", "user9", "x")
     assert reason == "too many secret checks from this address"
     assert wait == pytest.approx(0.2)
-    assert bounds.admit("2001:db8:0:1::1", "user9", "x") == (0.0, "")  # another /64
+    assert await bounds.admit("2001:db8:0:1::1", "user9", "x") == (0.0, "")  # another /64
 
 
-def test_a_right_secret_gives_back_its_check_and_then_skips_the_guessers_bounds(
+async def test_a_right_secret_gives_back_its_check_and_then_skips_the_guessers_bounds(
     clock: Clock,
 ) -> None:
     bounds = checks(clock)
-    assert bounds.admit("192.0.2.1", "alice", "right") == (0.0, "")
-    bounds.passed("alice", "right")
-    assert bounds.admit("192.0.2.1", "alice", "a") == (0.0, "")  # what it paid came back
-    assert bounds.admit("192.0.2.1", "alice", "b") == (0.0, "")
-    assert bounds.admit("192.0.2.1", "alice", "c")[0] > 0  # the account: over the bound
-    assert bounds.admit("192.0.2.1", "bob", "d")[1] == "too many secret checks from this address"
+    assert await bounds.admit("192.0.2.1", "alice", "right") == (0.0, "")
+    await bounds.passed("alice", "right")
+    assert await bounds.admit("192.0.2.1", "alice", "a") == (0.0, "")  # what it paid came back
+    assert await bounds.admit("192.0.2.1", "alice", "b") == (0.0, "")
+    assert (await bounds.admit("192.0.2.1", "alice", "c"))[0] > 0  # the account: over the bound
+    _, reason = await bounds.admit("192.0.2.1", "bob", "d")
+    assert reason == "too many secret checks from this address"
     # The holder, from the guesser's address or another: an address bucket of its own.
     for _ in range(4):
-        assert bounds.admit("192.0.2.1", "alice", "right") == (0.0, "")
-        assert bounds.admit("198.51.100.1", "alice", "right") == (0.0, "")
-    wait, reason = bounds.admit("192.0.2.1", "alice", "right")  # bounded all the same
+        assert await bounds.admit("192.0.2.1", "alice", "right") == (0.0, "")
+        assert await bounds.admit("198.51.100.1", "alice", "right") == (0.0, "")
+    wait, reason = await bounds.admit("192.0.2.1", "alice", "right")  # bounded all the same
     assert (wait, reason) == (pytest.approx(0.2), "too many secret checks from this address")
-    assert bounds.admit("192.0.2.2", "bob", "right")[0] == 0.0  # known for alice only:
+    assert (await bounds.admit("192.0.2.2", "bob", "right"))[0] == 0.0  # known for alice only:
     assert not bounds.known("bob", "right")  # bob's bound applies to it
     clock.now += limits.KNOWN_FOR  # forgotten after a while: bounded again
     assert not bounds.known("alice", "right")
 
 
-def test_known_secrets_are_bounded_in_number(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_known_secrets_are_bounded_in_number(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(limits, "KNOWN_KEPT", 3)
     bounds = checks(clock)
     for i in range(5):
-        bounds.passed(f"user{i}", "s")
+        await bounds.passed(f"user{i}", "s")
     assert not bounds.known("user0", "s")
     assert not bounds.known("user1", "s")
     assert all(bounds.known(f"user{i}", "s") for i in (2, 3, 4))
 
 
-def test_no_account_bound_at_rate_zero(clock: Clock) -> None:
+async def test_no_account_bound_at_rate_zero(clock: Clock) -> None:
     bounds = SecretChecks(
         address_rate=5, address_burst=100, account_rate=0, account_burst=1, clock=clock
     )
-    assert all(bounds.admit("192.0.2.1", "alice", str(i)) == (0.0, "") for i in range(50))
+    assert all([await bounds.admit("192.0.2.1", "alice", str(i)) == (0.0, "") for i in range(50)])

@@ -1,0 +1,360 @@
+"""The auth state that gateway nodes share, kept in a Redis Cluster (docs/AUTH.md,
+"Several nodes").
+
+With ``engine = "redis"`` several nodes serve one gateway, and a token one node issued
+must be accepted by all, a client revoked on one refused by all, and a guesser must not
+get N times the tries from N nodes. What one node keeps in its data directory
+otherwise (:mod:`auth.issuer`, :mod:`auth.clients`, :mod:`auth.revocations`) and the
+per-account bound on failed secret checks (:mod:`auth.limits`) live here instead, in
+keys of one hash tag (``P`` is the namespace prefix: "" in production, a test run's own
+otherwise)::
+
+    P{restms:auth}:signing-key       string: PEM of the token signing key (SET NX: the
+                                     first node's key wins, the others read it)
+    P{restms:auth}:clients           hash: client id -> {"secret_hash", "scopes"} (JSON)
+    P{restms:auth}:revoked           hash: client id -> Unix time of its revocation
+    P{restms:auth}:failures:<sha256> hash: one account's bucket of failed secret checks
+                                     (tokens, at), expiring once it would be full again
+
+One hash tag keeps the few multi-key needs in one slot and the traffic is small (token
+requests, failed logins, revocations; never a request that carries a valid token).
+Buckets use the server's clock (``TIME``), so nodes whose clocks differ share one
+bucket fairly. A revocation's time is the revoking node's clock, as a token's ``iat``
+is its issuer's: nodes' clocks must agree within ``token_leeway`` already.
+
+Failures. Every Redis failure (cluster down, a failover under way, a timeout) becomes
+:class:`SharedStateError`, an :class:`OSError` like a disk that fails, which the gateway
+answers with a retriable 503: it never accepts a token, a client or a retry it could
+not check. A node that has not read the revocation list for :data:`STALE_AFTER`
+seconds refuses tokens of the built-in issuer (503) until it has.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import re
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from joserfc.errors import JoseError
+from joserfc.jwk import ECKey
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
+
+from .clients import (
+    DUMMY_HASH,
+    Client,
+    check_client_id,
+    client_from_json,
+    hash_secret,
+    new_secret,
+    verify_secret,
+)
+from .issuer import SigningKey
+from .revocations import MARGIN, refused
+
+log = logging.getLogger(__name__)
+
+AUTH_TAG = "restms:auth"
+TIMEOUT = 2.0  # seconds a Redis call may take before it is a failure (and a 503)
+STALE_AFTER = 3.0  # seconds without reading the revocation list: tokens refused (503)
+_PREFIX = re.compile(r"[A-Za-z0-9._:-]{0,64}")
+
+
+class SharedStateError(OSError):
+    """The shared state did not answer: the gateway's 503, retry later. The message names
+    the kind of failure only, never a key or a value (they may hold secrets)."""
+
+
+@contextlib.contextmanager
+def answering() -> Iterator[None]:
+    """Turn every failure of the block's Redis calls into :class:`SharedStateError`."""
+    try:
+        yield
+    except (RedisError, RedisClusterException, OSError) as exc:
+        if isinstance(exc, SharedStateError):
+            raise
+        raise SharedStateError(f"the shared state did not answer ({type(exc).__name__})") from exc
+
+
+class Shared:
+    """A connection to the Redis Cluster and the namespace the gateway's keys live in.
+
+    Opening one does no I/O: the cluster is reached on the first call (and its layout
+    learnt again after a failover by the client itself). ``prefix`` lets tests, or two
+    gateways on one cluster, keep apart: letters, digits and ``. _ : -``.
+    """
+
+    def __init__(self, redis: RedisCluster, prefix: str = "") -> None:
+        if not _PREFIX.fullmatch(prefix):
+            raise ValueError("the shared state's prefix must be up to 64 of A-Z a-z 0-9 . _ : -")
+        self.redis = redis
+        self.prefix = prefix
+
+    @classmethod
+    def open(cls, url: str, prefix: str = "") -> Shared:
+        """The cluster reached through the seed node ``url`` (``redis://`` or
+        ``rediss://``, which may carry ``user:password@``)."""
+        redis = RedisCluster.from_url(
+            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, decode_responses=False
+        )
+        return cls(redis, prefix)
+
+    def key(self, tag: str, *parts: str) -> str:
+        """``<prefix>{<tag>}:<part>:<part>``: every key of one tag in one slot."""
+        return f"{self.prefix}{{{tag}}}:" + ":".join(parts)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+class Settings(Protocol):
+    """The two settings that say where the shared state is (the gateway's Config)."""
+
+    @property
+    def engine(self) -> str: ...
+
+    @property
+    def redis_url(self) -> str: ...
+
+
+def for_settings(settings: Settings, prefix: str = "") -> Shared | None:
+    """The shared state of a configuration: the Redis Cluster at ``redis_url`` when the
+    engine is ``"redis"`` (every node of one gateway shares it); None for the embedded
+    engine, whose node keeps its own in its data directory and memory."""
+    if settings.engine != "redis":
+        return None
+    return Shared.open(settings.redis_url, prefix)
+
+
+# ---------------------------------------------------------------- the signing key
+async def signing_key(shared: Shared) -> SigningKey:
+    """The signing key every node uses: read, or made and stored if there is none yet
+    (SET NX: of nodes starting at once, the first one's key wins and all read it)."""
+    name = shared.key(AUTH_TAG, "signing-key")
+    with answering():
+        pem = await shared.redis.get(name)
+        if pem is None:
+            fresh = await asyncio.to_thread(ECKey.generate_key, "P-256", private=True)
+            if await shared.redis.set(name, fresh.as_pem(private=True), nx=True):
+                log.info("generated a new token signing key in the shared state")
+            pem = await shared.redis.get(name)
+    if pem is None:
+        raise SharedStateError("the shared signing key was not kept")
+    try:
+        return SigningKey(ECKey.import_key(pem))
+    except (ValueError, JoseError) as exc:
+        raise ValueError(f"the shared signing key is not an EC private key: {exc}") from exc
+
+
+# ---------------------------------------------------------------- the client registry
+class RedisClients:
+    """The configured clients plus those in the shared hash: the async client registry
+    (:class:`auth.clients.Clients`) of a gateway on several nodes. A client added or
+    removed on one node is known to all at their next lookup (nothing is cached)."""
+
+    def __init__(self, shared: Shared, configured: Sequence[Client] = ()) -> None:
+        self._redis = shared.redis
+        self._key = shared.key(AUTH_TAG, "clients")
+        self._configured = {c.client_id: c for c in configured}
+        if len(self._configured) != len(configured):
+            raise ValueError("a client id is configured twice")
+
+    async def get(self, client_id: str) -> Client | None:
+        found = self._configured.get(client_id)
+        if found is not None:
+            return found
+        with answering():
+            raw = await self._redis.hget(self._key, client_id)
+        return None if raw is None else _decode(client_id, _text(raw))
+
+    async def authenticate(self, client_id: str, secret: str) -> Client | None:
+        """The client if ``secret`` is its secret (scrypt, in a thread), else None; an
+        unknown id costs one verification too."""
+        client = await self.get(client_id)
+        encoded = client.secret_hash if client is not None else DUMMY_HASH
+        ok = await asyncio.to_thread(verify_secret, secret, encoded)
+        return client if client is not None and ok else None
+
+    async def clients(self) -> list[Client]:
+        with answering():
+            raw = await self._redis.hgetall(self._key)
+        stored = sorted(
+            (_decode(_text(k), _text(v)) for k, v in raw.items()), key=lambda c: c.client_id
+        )
+        return sorted(self._configured.values(), key=lambda c: c.client_id) + stored
+
+    async def add(self, client_id: str, scopes: Sequence[str]) -> str:
+        """Add a client and return its new secret (not kept); ValueError when the id is
+        malformed, configured or taken, or a scope is not a scope-token."""
+        check_client_id(client_id)
+        if client_id in self._configured:
+            raise ValueError(f"client {client_id!r} is in the configuration already")
+        secret = new_secret()
+        hashed = await asyncio.to_thread(hash_secret, secret)
+        client = Client(client_id=client_id, secret_hash=hashed, scopes=tuple(scopes))
+        value = json.dumps({"secret_hash": client.secret_hash, "scopes": list(client.scopes)})
+        with answering():
+            added = await self._redis.hsetnx(self._key, client_id, value)
+        if not added:
+            raise ValueError(f"client {client_id!r} exists already")
+        return secret
+
+    async def remove(self, client_id: str) -> None:
+        """Remove a client; KeyError if there is none, ValueError if it is configured."""
+        if client_id in self._configured:
+            raise ValueError(f"client {client_id!r} is configured: remove it from the config")
+        with answering():
+            removed = await self._redis.hdel(self._key, client_id)
+        if not removed:
+            raise KeyError(client_id)
+
+
+def _text(raw: bytes | str) -> str:
+    """A reply as text (the connection answers bytes; a str is let through as it is)."""
+    return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+
+
+def _decode(client_id: str, raw: str) -> Client:
+    try:
+        item = json.loads(raw)
+        return client_from_json({**item, "client_id": client_id})
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"the shared client {client_id!r} is malformed: {exc}") from exc
+
+
+# ---------------------------------------------------------------- revocations
+# Record a revocation (the later time holds) and drop entries no unexpired token predates.
+_REVOKE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if not old or tonumber(old) < tonumber(ARGV[2]) then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  if tonumber(all[i + 1]) <= tonumber(ARGV[3]) then redis.call('HDEL', KEYS[1], all[i]) end
+end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+
+
+class RedisRevocations:
+    """The revocation list (:class:`auth.revocations.RevocationList`) in the shared
+    hash. :meth:`refuses` reads this node's copy (:attr:`at`, a dict lookup on the hot
+    path), which :meth:`update` refreshes: the gateway calls it every half second, so a
+    revocation made on one node is in force on all within a second. A copy older than
+    :data:`STALE_AFTER` seconds is :meth:`stale`: tokens it would judge are answered 503.
+    """
+
+    def __init__(self, shared: Shared, keep: float, clock: Callable[[], float] = time.time) -> None:
+        self._redis = shared.redis
+        self._key = shared.key(AUTH_TAG, "revoked")
+        self._script = shared.redis.register_script(_REVOKE)
+        self.keep = keep
+        self._clock = clock
+        self.at: dict[str, float] = {}  # replaced whole, never changed in place
+        self._fresh_until = -math.inf  # monotonic time the copy goes stale
+
+    def __len__(self) -> int:
+        return len(self.at)
+
+    def refuses(self, client_id: str | None, issued: float | None) -> bool:
+        return refused(self.at, client_id, issued)
+
+    def stale(self) -> bool:
+        return time.monotonic() > self._fresh_until
+
+    async def update(self) -> list[str]:
+        """Read the shared list; the clients revoked since the last read."""
+        started = time.monotonic()
+        with answering():
+            raw = await self._redis.hgetall(self._key)
+        cutoff = self._clock() - self.keep - MARGIN
+        at: dict[str, float] = {}
+        for name, when in raw.items():
+            try:
+                client_id, revoked = check_client_id(_text(name)), float(when)
+            except ValueError:
+                log.warning("a malformed entry in the shared revocation list is ignored")
+                continue
+            if revoked > cutoff:
+                at[client_id] = revoked
+        before, self.at = self.at, at
+        self._fresh_until = started + STALE_AFTER
+        return [c for c, when in at.items() if when > before.get(c, -1.0)]
+
+    async def record(self, client_id: str) -> float:
+        """Record that ``client_id`` is revoked now, in the shared list before this
+        returns; the time recorded (a later one another node recorded holds)."""
+        check_client_id(client_id)
+        now = self._clock()
+        cutoff = now - self.keep - MARGIN
+        with answering():
+            kept = await self._script(keys=[self._key], args=[client_id, repr(now), repr(cutoff)])
+        when = float(kept)
+        self.at = {**self.at, client_id: when}
+        return when
+
+
+# ---------------------------------------------------------------- failed secret checks
+# A token bucket on the server's clock: ARGV rate, burst, cost (-1 gives one back).
+# Returns the seconds to wait as a string ("0": paid), Lua numbers being truncated.
+_BUCKET = """
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local held = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+if cost < 0 and not held[1] then return '0' end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local tokens = burst
+if held[1] then
+  tokens = math.min(burst, tonumber(held[1]) + math.max(0, now - tonumber(held[2])) * rate)
+end
+if cost > 0 and tokens < cost then return tostring((cost - tokens) / rate) end
+tokens = math.min(burst, tokens - cost)
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+return '0'
+"""
+
+
+class RedisBuckets:
+    """Token buckets (:class:`auth.limits.Buckets`) every node shares: ``rate`` tokens a
+    second, ``burst`` at most, one bucket per key (an account: hashed into the key name,
+    so any name is a safe key). ``rate == 0`` turns them off, with no call made."""
+
+    def __init__(self, shared: Shared, rate: float, burst: int, *, name: str = "failures") -> None:
+        if rate < 0 or burst < 1:
+            raise ValueError("rate must not be negative and burst must be at least 1")
+        self._shared = shared
+        self._name = name
+        self._script = shared.redis.register_script(_BUCKET)
+        self.rate = float(rate)
+        self.burst = burst
+
+    def _key(self, key: str) -> str:
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        return self._shared.key(AUTH_TAG, self._name, digest)
+
+    async def _pay(self, key: str, cost: int) -> float:
+        with answering():
+            wait = await self._script(
+                keys=[self._key(key)], args=[repr(self.rate), self.burst, cost]
+            )
+        return float(wait)
+
+    async def take(self, key: str) -> float:
+        """0.0 when one token was paid, else the seconds until one will be there."""
+        if not self.rate:
+            return 0.0
+        return await self._pay(key, 1)
+
+    async def give(self, key: str) -> None:
+        """Give back a token :meth:`take` paid (never past ``burst``)."""
+        if self.rate:
+            await self._pay(key, -1)
