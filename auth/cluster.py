@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+import redis
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey
 from redis.asyncio.cluster import RedisCluster
@@ -65,6 +66,9 @@ AUTH_TAG = "restms:auth"
 TIMEOUT = 2.0  # seconds a Redis call may take before it is a failure (and a 503)
 STALE_AFTER = 3.0  # seconds without reading the revocation list: tokens refused (503)
 _PREFIX = re.compile(r"[A-Za-z0-9._:-]{0,64}")
+# Told to the server (CLIENT SETINFO); given, so that opening a connection does not read
+# the package's metadata from disk (a blocking call on the event loop).
+_DRIVER = redis.DriverInfo(lib_version=redis.__version__).add_upstream_driver("restms-gateway", "1")
 
 
 class SharedStateError(OSError):
@@ -101,10 +105,14 @@ class Shared:
     def open(cls, url: str, prefix: str = "") -> Shared:
         """The cluster reached through the seed node ``url`` (``redis://`` or
         ``rediss://``, which may carry ``user:password@``)."""
-        redis = RedisCluster.from_url(
-            url, socket_timeout=TIMEOUT, socket_connect_timeout=TIMEOUT, decode_responses=False
+        cluster = RedisCluster.from_url(
+            url,
+            socket_timeout=TIMEOUT,
+            socket_connect_timeout=TIMEOUT,
+            decode_responses=False,
+            driver_info=_DRIVER,
         )
-        return cls(redis, prefix)
+        return cls(cluster, prefix)
 
     def key(self, tag: str, *parts: str) -> str:
         """``<prefix>{<tag>}:<part>:<part>``: every key of one tag in one slot."""

@@ -5,9 +5,14 @@ when it cannot be had."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import signal
+import socket
 import subprocess
+import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -69,3 +74,66 @@ async def dead() -> AsyncIterator[Shared]:
     state = Shared.open(DEAD, "dead:")
     yield state
     await state.close()
+
+
+@dataclasses.dataclass
+class PrivateCluster:
+    """A one-master Redis Cluster of the test's own (its own port and directory), which
+    the test may kill: the project's cluster is shared with others and never is."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+    def kill(self) -> None:
+        """SIGKILL: the cluster stops answering at once."""
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateCluster]:
+    """Started before the test (the project's cluster up proves redis-server is there)
+    and killed after it."""
+    with socket.socket() as probe:  # a free port, as the system picks one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    home = tmp_path / "private-redis"
+    home.mkdir()
+    process = subprocess.Popen(
+        [
+            "redis-server",
+            "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--save", "", "--appendonly", "no", "--logfile", str(home / "redis.log"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    cluster = PrivateCluster(url=f"redis://127.0.0.1:{port}", process=process)
+    try:
+        _until(lambda: _cli(port, "PING") == "PONG", "the private redis-server answers")
+        _cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+        _until(lambda: "cluster_state:ok" in _cli(port, "CLUSTER", "INFO"), "it serves")
+        yield cluster
+    finally:
+        cluster.kill()
+        process.wait(timeout=10)
+
+
+def _cli(port: int, *command: str) -> str:
+    done = subprocess.run(
+        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *command],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=False,
+    )
+    return done.stdout.strip()
+
+
+def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {timeout} s: {what}", pytrace=False)
+        time.sleep(0.05)

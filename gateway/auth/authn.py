@@ -406,6 +406,11 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
     """Read keys and clients (in threads), start the HTTP client for JWKS and introspection."""
     config = app[CONFIG]
     authenticator = app[AUTH]
+    shared = authenticator.shared
+    builtin = None
+    if config.builtin_issuer:  # first: a start that fails here leaves nothing open
+        builtin = await _builtin_state(config, shared)
+        await builtin[2].update()  # the revocations as they stand at start
     session = aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=FETCH_TIMEOUT),
         headers={"User-Agent": "restms-gateway"},
@@ -431,9 +436,8 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
             return reply.status, body[:FETCH_LIMIT]
 
     trusted: list[TrustedIssuer] = []
-    shared = authenticator.shared
-    if config.builtin_issuer:
-        key, clients, revocations = await _builtin_state(config, shared)
+    if builtin is not None:
+        key, clients, revocations = builtin
         issuer = Issuer(
             issuer_url(config),
             config.audience,
@@ -444,7 +448,6 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         app[ISSUER] = issuer
         app[CLIENTS] = clients
         app[CHECKS] = authenticator.secret_checks
-        await revocations.update()  # as it stands at start: a failure stops the start
         authenticator.revocations, authenticator.builtin = revocations, issuer.issuer
         trusted.append(
             TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
