@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from auth.cluster import Shared
+from tests.integration.test_cluster_script import redis as _redis_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 URL = "redis://127.0.0.1:7101"
@@ -111,24 +112,13 @@ def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateClust
     )  # fmt: skip
     cluster = PrivateCluster(url=f"redis://127.0.0.1:{port}", process=process)
     try:
-        _until(lambda: _cli(port, "PING") == "PONG", "the private redis-server answers")
-        _cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-        _until(lambda: "cluster_state:ok" in _cli(port, "CLUSTER", "INFO"), "it serves")
+        _until(lambda: _redis_cli(port, "PING") == "PONG", "the private redis-server answers")
+        _redis_cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+        _until(lambda: "cluster_state:ok" in _redis_cli(port, "CLUSTER", "INFO"), "it serves")
         yield cluster
     finally:
         cluster.kill()
         process.wait(timeout=10)
-
-
-def _cli(port: int, *command: str) -> str:
-    done = subprocess.run(
-        ["redis-cli", "-h", "127.0.0.1", "-p", str(port), *command],
-        capture_output=True,
-        text=True,
-        timeout=10,
-        check=False,
-    )
-    return done.stdout.strip()
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
