@@ -31,6 +31,7 @@ from blockbuster import BlockBuster
 from auth import User
 from auth.clients import hash_secret
 from auth.cluster import STALE_AFTER, Shared
+from gateway.auth.authn import AUTH
 from gateway.server.app import build_app
 from gateway.server.config import Config
 from gateway.server.run import make_runner, start_site
@@ -110,14 +111,28 @@ async def test_a_token_from_one_node_is_accepted_by_the_other(node: StartNode) -
 async def test_a_client_revoked_on_one_node_is_refused_on_the_other_within_a_second(
     node: StartNode,
 ) -> None:
-    a, b, root_secret = await two(node)
+    a, b, root_secret = await two(node, max_wait=60.0)
     root = As.bearer(a, await token(a, "root", root_secret))
     secret = await add_client(a, root, "app")
     app_on_b = As.bearer(b, await token(b, "app", secret))
     assert (await app_on_b.call("GET", DOMAIN))[0] == 200  # accepted, and cached
+    pipe = await app_on_b.pipe()
+    listed, _ = await app_on_b.ok("GET", pipe)
+    asynclet = asyncio.create_task(  # waits on B for a message that never comes
+        app_on_b.call("GET", listed["restms"]["pipe"][0]["message"][-1]["href"])
+    )
+    for _ in range(100):
+        if b.app[AUTH].held.get("app"):
+            break
+        await asyncio.sleep(0.05)
+    assert b.app[AUTH].held.get("app")
     async with a.http.delete("/admin/clients/app", headers=root.auth) as r:
         assert r.status == 200, await r.text()
     revoked = time.monotonic()
+    async with asyncio.timeout(1.5):  # ended on B too, not left to its 60 s wait
+        status, text, _ = await asynclet
+    assert status == 401, text
+    assert "revoked" in text
     while True:
         status, reply, headers = await app_on_b.call("GET", DOMAIN)
         if status == 401:

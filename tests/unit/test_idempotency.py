@@ -3,7 +3,12 @@ count and bytes, oldest first."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
 from gateway.restms.idempotency import Kept, Replies
+from restms.errors import Conflict
 
 
 def kept(at: float, size: int = 1, fingerprint: bytes = b"f") -> Kept:
@@ -38,3 +43,25 @@ def test_count_and_byte_budgets_drop_the_oldest() -> None:
     replies.keep(("p", "/f", "e"), kept(at=5, size=11))  # larger than the budget: not kept
     assert replies.get(("p", "/f", "e"), 5) is None
     assert replies.bytes == 10
+
+
+async def test_a_first_request_runs_once_and_then_its_reply_is_found() -> None:
+    replies = Replies(window=10, limit=100, budget=1000)
+    scope = ("p", "/f", "k")
+    assert await replies.begin(scope) is None  # running from now on
+    with pytest.raises(Conflict):
+        await replies.begin(scope)
+    await replies.end(scope, kept(at=time.monotonic()))
+    found = await replies.begin(scope)
+    assert found is not None
+    assert found.body == b"x"
+    assert not replies.running
+
+
+async def test_a_failed_first_request_leaves_nothing_kept() -> None:
+    replies = Replies(window=10, limit=100, budget=1000)
+    scope = ("p", "/f", "k")
+    assert await replies.begin(scope) is None
+    await replies.end(scope, None)
+    assert len(replies) == 0
+    assert await replies.begin(scope) is None  # runs again
