@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 AUTH_TAG = "restms:auth"
 TIMEOUT = 2.0  # seconds a Redis call may take before it is a failure (and a 503)
 STALE_AFTER = 3.0  # seconds without reading the revocation list: tokens refused (503)
+REPLICA_WAIT = 1.0  # seconds a new signing key waits for a replica to have it
 _PREFIX = re.compile(r"[A-Za-z0-9._:-]{0,64}")
 # Told to the server (CLIENT SETINFO); given, so that opening a connection does not read
 # the package's metadata from disk (a blocking call on the event loop).
@@ -150,7 +151,7 @@ async def signing_key(shared: Shared) -> SigningKey:
         pem = await shared.redis.get(name)
         if pem is None:
             fresh = await asyncio.to_thread(ECKey.generate_key, "P-256", private=True)
-            if await shared.redis.set(name, fresh.as_pem(private=True), nx=True):
+            if await _create(shared.redis, name, fresh.as_pem(private=True)):
                 log.info("generated a new token signing key in the shared state")
             pem = await shared.redis.get(name)
     if pem is None:
@@ -159,6 +160,30 @@ async def signing_key(shared: Shared) -> SigningKey:
         return SigningKey(ECKey.import_key(pem))
     except (ValueError, JoseError) as exc:
         raise ValueError(f"the shared signing key is not an EC private key: {exc}") from exc
+
+
+async def _create(cluster: RedisCluster, name: str, value: bytes) -> bool:
+    """``SET name value NX`` on the master of its slot, then ``WAIT`` for a replica on
+    the same connection (WAIT counts the writes of its own connection), so that a key
+    made once survives a failover right after: a master lost before a replica had it
+    would let a later node make a second key. False when the key was there already.
+    A cluster without a replica that answers in time keeps it on the master alone
+    (logged)."""
+    await cluster.initialize()  # the slot map, to find the master
+    node = cluster.get_node_from_key(name)
+    if node is None:
+        raise SharedStateError("no master serves the signing key's slot")
+    connection = node.acquire_connection()
+    try:
+        await connection.send_command("SET", name, value, "NX")
+        created = await connection.read_response() is not None
+        await connection.send_command("WAIT", 1, int(REPLICA_WAIT * 1000))
+        replicas = await connection.read_response()
+    finally:
+        node.release(connection)
+    if created and not replicas:
+        log.warning("the shared signing key is on one master only: no replica had it in time")
+    return created
 
 
 # ---------------------------------------------------------------- the client registry

@@ -95,9 +95,7 @@ class PrivateCluster:
 def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateCluster]:
     """Started before the test (the project's cluster up proves redis-server is there)
     and killed after it."""
-    with socket.socket() as probe:  # a free port, as the system picks one
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port, bus = _free_port(), _free_port()  # the bus port given: port + 10000 may not exist
     home = tmp_path / "private-redis"
     home.mkdir()
     process = subprocess.Popen(
@@ -105,6 +103,7 @@ def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateClust
             "redis-server",
             "--port", str(port), "--bind", "127.0.0.1", "--dir", str(home),
             "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+            "--cluster-port", str(bus),
             "--save", "", "--appendonly", "no", "--logfile", str(home / "redis.log"),
         ],
         stdout=subprocess.DEVNULL,
@@ -112,13 +111,25 @@ def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateClust
     )  # fmt: skip
     cluster = PrivateCluster(url=f"redis://127.0.0.1:{port}", process=process)
     try:
-        _until(lambda: _redis_cli(port, "PING") == "PONG", "the private redis-server answers")
+        _until(
+            lambda: _redis_cli(port, "PING") == "PONG" or process.poll() is not None,
+            "the private redis-server answers",
+        )
+        if process.poll() is not None:
+            log = (home / "redis.log").read_text(errors="replace")[-2000:]
+            pytest.fail(f"the private redis-server exited: {log}", pytrace=False)
         _redis_cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
         _until(lambda: "cluster_state:ok" in _redis_cli(port, "CLUSTER", "INFO"), "it serves")
         yield cluster
     finally:
         cluster.kill()
         process.wait(timeout=10)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:  # a free port, as the system picks one
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
