@@ -69,7 +69,7 @@ REPLICA_WAIT = 1.0  # seconds a new signing key waits for a replica to have it
 _PREFIX = re.compile(r"[A-Za-z0-9._:-]{0,64}")
 # Told to the server (CLIENT SETINFO); given, so that opening a connection does not read
 # the package's metadata from disk (a blocking call on the event loop).
-_DRIVER = redis.DriverInfo(lib_version=redis.__version__).add_upstream_driver("restms-gateway", "1")
+_DRIVER = redis.DriverInfo(lib_version=redis.__version__)
 
 
 class SharedStateError(OSError):
@@ -96,10 +96,10 @@ class Shared:
     gateways on one cluster, keep apart: letters, digits and ``. _ : -``.
     """
 
-    def __init__(self, redis: RedisCluster, prefix: str = "") -> None:
+    def __init__(self, cluster: RedisCluster, prefix: str = "") -> None:
         if not _PREFIX.fullmatch(prefix):
             raise ValueError("the shared state's prefix must be up to 64 of A-Z a-z 0-9 . _ : -")
-        self.redis = redis
+        self.redis = cluster
         self.prefix = prefix
 
     @classmethod
@@ -179,6 +179,9 @@ async def _create(cluster: RedisCluster, name: str, value: bytes) -> bool:
         created = await connection.read_response() is not None
         await connection.send_command("WAIT", 1, int(REPLICA_WAIT * 1000))
         replicas = await connection.read_response()
+    except BaseException:
+        await connection.disconnect()  # a reply may be pending: not for the next caller
+        raise
     finally:
         node.release(connection)
     if created and not replicas:
