@@ -187,14 +187,14 @@ def test_restms_documents_are_described_in_both_media_types() -> None:
 
 
 def test_every_error_is_described_as_text_plain() -> None:
-    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400, 401 and
-    429 (RFC 6749 section 5.2: JSON)."""
+    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400, 401, 429
+    and 503 (RFC 6749 section 5.2: JSON)."""
     spec = _spec()
     for path, verb, operation in _operations(spec):
         for status, reply in operation["responses"].items():
             if status[0] not in "45":
                 continue
             content = set(_resolved(spec, reply).get("content", {}))
-            rfc6749 = path == TOKEN_PATH and status in ("400", "401", "429")
+            rfc6749 = path == TOKEN_PATH and status in ("400", "401", "429", "503")
             expected = {"application/json"} if rfc6749 else {"text/plain"}
             assert content == expected, (path, verb, status, content)
