@@ -1,0 +1,347 @@
+#!lua name=restms_v1
+-- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
+-- touches keys of one hash slot only, so each is atomic on the master of that slot.
+--
+-- Catalogue (slot {<ns>:cat}): hash KEYS[1] with field "v" (the version) and one field
+-- per resource; stream KEYS[2], the change log, entry id 0-<version> listing the
+-- fields that change changed.
+-- Pipe (slot {<ns>:b<k>}): stream "s" with entry ids 0-<position> (fields m: the
+-- message record, z: its size, e: when it expires, ms), hash "h" (next: the last
+-- position issued, bytes, ver: grows with every change, md: max deliveries, r:<pos>:
+-- redeliveries, d:<pos>: deleted contents); per bucket a sorted set of leases.
+-- Times are wall-clock milliseconds the caller passes (one clock for arrival, expiry
+-- and leases, as the nodes keep it).
+
+local function num(value)
+  return tonumber(value or '0') or 0
+end
+
+-- ---------------------------------------------------------------- catalogue
+-- ARGV: expected version ("*": any), channel, then field, value pairs ("": delete).
+-- Returns {1, version} when made, {0, current version} when the caller's was stale.
+local function cat_change(keys, args)
+  local cat, log = keys[1], keys[2]
+  local v = num(redis.call('HGET', cat, 'v'))
+  if args[1] ~= '*' and num(args[1]) ~= v then
+    return {0, v}
+  end
+  local entry = {}
+  for i = 3, #args, 2 do
+    local field, value = args[i], args[i + 1]
+    if value == '' then
+      redis.call('HDEL', cat, field)
+    else
+      redis.call('HSET', cat, field, value)
+    end
+    entry[#entry + 1] = 'f'
+    entry[#entry + 1] = field
+  end
+  if #entry == 0 then
+    entry = {'f', ''}
+  end
+  v = redis.call('HINCRBY', cat, 'v', 1)
+  redis.call('XADD', log, 'MAXLEN', '~', '10000', '0-' .. v, unpack(entry))
+  redis.call('SPUBLISH', args[2], tostring(v))
+  return {1, v}
+end
+
+-- ARGV: the version the caller holds. Returns {version} when it is current, {version,
+-- "delta", field, value ("": gone), ...} with every field changed since, or {version,
+-- "full", field, value, ...} when the log no longer reaches back that far.
+local function cat_since(keys, args)
+  local cat, log = keys[1], keys[2]
+  local v = num(redis.call('HGET', cat, 'v'))
+  local since = num(args[1])
+  if since == v then
+    return {v}
+  end
+  if since > 0 and since < v then
+    local first = redis.call('XRANGE', log, '-', '+', 'COUNT', 1)
+    if #first > 0 and num(string.match(first[1][1], '%-(%d+)$')) <= since + 1 then
+      local out, seen = {v, 'delta'}, {}
+      for _, change in ipairs(redis.call('XRANGE', log, '0-' .. (since + 1), '+')) do
+        local fields = change[2]
+        for j = 2, #fields, 2 do
+          local field = fields[j]
+          if field ~= '' and not seen[field] then
+            seen[field] = true
+            out[#out + 1] = field
+            out[#out + 1] = redis.call('HGET', cat, field) or ''
+          end
+        end
+      end
+      return out
+    end
+  end
+  local out = {v, 'full'}
+  for _, item in ipairs(redis.call('HGETALL', cat)) do
+    out[#out + 1] = item
+  end
+  return out
+end
+
+-- ---------------------------------------------------------------- pipes
+local function entry_field(fields, name)
+  for j = 1, #fields, 2 do
+    if fields[j] == name then
+      return fields[j + 1]
+    end
+  end
+  return nil
+end
+
+-- Remove one entry (by id and fields) from a pipe, keeping its byte count.
+local function remove(s, h, id, fields)
+  redis.call('XDEL', s, id)
+  local pos = string.match(id, '%-(%d+)$')
+  redis.call('HINCRBY', h, 'bytes', -num(entry_field(fields, 'z')))
+  redis.call('HDEL', h, 'r:' .. pos, 'd:' .. pos)
+end
+
+local function pipe_key(s)
+  return string.match(s, ':s:(.*)$')
+end
+
+-- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, then per pipe: max_messages,
+-- max_bytes, overflow, n, then n times: size, expires (0: never), record.
+-- Returns per pipe: how many drop-oldest dropped, then each message's position (0: it
+-- did not fit, skipped).
+local function place(keys, args)
+  local out, woken = {}, {}
+  local a = 3
+  for k = 1, #keys, 2 do
+    local s, h = keys[k], keys[k + 1]
+    local maxm, maxb, overflow, n = num(args[a]), num(args[a + 1]), args[a + 2], num(args[a + 3])
+    a = a + 4
+    local at = #out + 1
+    out[at] = 0
+    local len = redis.call('XLEN', s)
+    local bytes = num(redis.call('HGET', h, 'bytes'))
+    for _ = 1, n do
+      local size, expires, record = num(args[a]), args[a + 1], args[a + 2]
+      a = a + 3
+      if overflow == 'drop-oldest' then
+        while len > 0 and (len >= maxm or bytes + size > maxb) do
+          local first = redis.call('XRANGE', s, '-', '+', 'COUNT', 1)[1]
+          bytes = bytes - num(entry_field(first[2], 'z'))
+          remove(s, h, first[1], first[2])
+          len = len - 1
+          out[at] = out[at] + 1
+        end
+      end
+      if len >= maxm or bytes + size > maxb then
+        out[#out + 1] = 0
+      else
+        local pos = redis.call('HINCRBY', h, 'next', 1)
+        if expires ~= '0' then
+          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size, 'e', expires)
+        else
+          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size)
+        end
+        redis.call('HINCRBY', h, 'bytes', size)
+        len = len + 1
+        bytes = bytes + size
+        out[#out + 1] = pos
+      end
+    end
+    redis.call('HINCRBY', h, 'ver', 1)
+    woken[#woken + 1] = pipe_key(s)
+  end
+  redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
+  return out
+end
+
+-- KEYS: s1, h1, ... ARGV: then per pipe: max_messages, max_bytes, n, n sizes. Returns
+-- per pipe how many of its messages fit, in order, as it is now.
+local function room(keys, args)
+  local out, a = {}, 1
+  for k = 1, #keys, 2 do
+    local s, h = keys[k], keys[k + 1]
+    local maxm, maxb, n = num(args[a]), num(args[a + 1]), num(args[a + 2])
+    a = a + 3
+    local len = redis.call('XLEN', s)
+    local bytes = num(redis.call('HGET', h, 'bytes'))
+    local fit = 0
+    for i = 1, n do
+      local size = num(args[a + i - 1])
+      if fit == i - 1 and len < maxm and bytes + size <= maxb then
+        fit = i
+        len = len + 1
+        bytes = bytes + size
+      end
+    end
+    a = a + n
+    out[#out + 1] = fit
+  end
+  return out
+end
+
+-- Drop what expired among entries just read; returns those left and how many went.
+local function unexpired(s, h, entries, now)
+  local kept, gone = {}, 0
+  for _, entry in ipairs(entries) do
+    local expires = entry_field(entry[2], 'e')
+    if expires and num(expires) <= now then
+      remove(s, h, entry[1], entry[2])
+      gone = gone + 1
+    else
+      kept[#kept + 1] = entry
+    end
+  end
+  if gone > 0 then
+    redis.call('HINCRBY', h, 'ver', 1)
+  end
+  return kept, gone
+end
+
+-- KEYS: s, h. ARGV: first position (0: the oldest), count, now, whether this is a use
+-- of the pipe (1: its idle time starts again, Q1; 0: an administrator's look). Returns {asynclet,
+-- expired, oldest (0: none), held, then per message: position, record, size,
+-- redeliveries, deleted contents ("": none)}.
+local function range(keys, args)
+  local s, h = keys[1], keys[2]
+  local from, count, now = num(args[1]), num(args[2]), num(args[3])
+  if args[4] == '1' then
+    redis.call('HSET', h, 'at', now)
+  end
+  local start = from > 0 and ('0-' .. from) or '-'
+  local read = {}
+  if count > 0 then
+    read = redis.call('XRANGE', s, start, '+', 'COUNT', count)
+  end
+  local entries, gone = unexpired(s, h, read, now)
+  local first = redis.call('XRANGE', s, '-', '+', 'COUNT', 1)
+  local oldest = #first > 0 and num(string.match(first[1][1], '%-(%d+)$')) or 0
+  local out = {num(redis.call('HGET', h, 'next')) + 1, gone, oldest, redis.call('XLEN', s)}
+  for _, entry in ipairs(entries) do
+    local pos = string.match(entry[1], '%-(%d+)$')
+    out[#out + 1] = num(pos)
+    out[#out + 1] = entry_field(entry[2], 'm')
+    out[#out + 1] = num(entry_field(entry[2], 'z'))
+    out[#out + 1] = num(redis.call('HGET', h, 'r:' .. pos))
+    out[#out + 1] = redis.call('HGET', h, 'd:' .. pos) or ''
+  end
+  return out
+end
+
+-- KEYS: s, h. ARGV: channel, position, now (0: an administrator's purge, not a use).
+-- Removes it and every older one (the cumulative DELETE); returns how many went.
+local function ack(keys, args)
+  local s, h = keys[1], keys[2]
+  local pos = num(args[2])
+  if args[3] ~= '0' then
+    redis.call('HSET', h, 'at', args[3])
+  end
+  if pos > num(redis.call('HGET', h, 'next')) then
+    return 0 -- the asynclet or beyond: nothing (A7)
+  end
+  local gone = redis.call('XRANGE', s, '-', '0-' .. pos)
+  if #gone == 0 then
+    return 0
+  end
+  local bytes = 0
+  for _, entry in ipairs(gone) do
+    bytes = bytes + num(entry_field(entry[2], 'z'))
+    local at = string.match(entry[1], '%-(%d+)$')
+    redis.call('HDEL', h, 'r:' .. at, 'd:' .. at)
+  end
+  redis.call('XTRIM', s, 'MINID', '0-' .. (pos + 1))
+  redis.call('HINCRBY', h, 'bytes', -bytes)
+  redis.call('HINCRBY', h, 'ver', 1)
+  redis.call('SPUBLISH', args[1], pipe_key(s))
+  return #gone
+end
+
+-- KEYS: s, h. ARGV: channel, position. Removes that one message; returns its record
+-- and redeliveries, or nothing when it is not there.
+local function take_out(keys, args)
+  local s, h = keys[1], keys[2]
+  local found = redis.call('XRANGE', s, '0-' .. args[2], '0-' .. args[2])
+  if #found == 0 then
+    return {}
+  end
+  local redelivered = num(redis.call('HGET', h, 'r:' .. args[2]))
+  remove(s, h, found[1][1], found[1][2])
+  redis.call('HINCRBY', h, 'ver', 1)
+  redis.call('SPUBLISH', args[1], pipe_key(s))
+  return {entry_field(found[1][2], 'm'), redelivered}
+end
+
+-- KEYS: s, h. ARGV: position, index. Deletes one delivered content (D6): 1, or 0 when
+-- the message or content is not there.
+local function delete_content(keys, args)
+  local s, h = keys[1], keys[2]
+  if #redis.call('XRANGE', s, '0-' .. args[1], '0-' .. args[1]) == 0 then
+    return 0
+  end
+  local field = 'd:' .. args[1]
+  local deleted = redis.call('HGET', h, field) or ''
+  for index in string.gmatch(deleted, '[^,]+') do
+    if index == args[2] then
+      return 0
+    end
+  end
+  redis.call('HSET', h, field, deleted == '' and args[2] or (deleted .. ',' .. args[2]))
+  redis.call('HINCRBY', h, 'ver', 1)
+  return 1
+end
+
+-- KEYS: the bucket's leases, its sweep lock. ARGV: channel, now, lock ms, key prefix
+-- of the bucket's pipes. A lease that ran out on a message still there moves it to the
+-- pipe's next position with one more redelivery, or, past the pipe's max deliveries,
+-- takes it out. Returns per lease that ran out: pipe, old position, new position (0:
+-- taken out), record, redeliveries.
+local function sweep(keys, args)
+  local leases, lock = keys[1], keys[2]
+  if not redis.call('SET', lock, '1', 'NX', 'PX', args[3]) then
+    return {}
+  end
+  local due = redis.call('ZRANGEBYSCORE', leases, '-inf', args[2], 'LIMIT', 0, 1000)
+  local out, woken = {}, {}
+  for _, member in ipairs(due) do
+    redis.call('ZREM', leases, member)
+    local pipe, pos = string.match(member, '^(.*) (%d+)$')
+    local s, h = args[4] .. ':s:' .. pipe, args[4] .. ':h:' .. pipe
+    local found = redis.call('XRANGE', s, '0-' .. pos, '0-' .. pos)
+    if #found > 0 and redis.call('EXISTS', h) == 1 then
+      local fields = found[1][2]
+      local times = num(redis.call('HGET', h, 'r:' .. pos)) + 1
+      local deleted = redis.call('HGET', h, 'd:' .. pos)
+      local record = entry_field(fields, 'm')
+      remove(s, h, found[1][1], fields)
+      local moved = 0
+      if times < num(redis.call('HGET', h, 'md')) then
+        moved = redis.call('HINCRBY', h, 'next', 1)
+        redis.call('XADD', s, '0-' .. moved, unpack(fields))
+        redis.call('HINCRBY', h, 'bytes', num(entry_field(fields, 'z')))
+        redis.call('HSET', h, 'r:' .. moved, times)
+        if deleted then
+          redis.call('HSET', h, 'd:' .. moved, deleted)
+        end
+      end
+      redis.call('HINCRBY', h, 'ver', 1)
+      woken[#woken + 1] = pipe
+      out[#out + 1] = pipe
+      out[#out + 1] = num(pos)
+      out[#out + 1] = moved
+      out[#out + 1] = record
+      out[#out + 1] = times
+    end
+  end
+  if #woken > 0 then
+    redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
+  end
+  return out
+end
+
+redis.register_function('restms_v1_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v1_cat_since', callback = cat_since,
+  flags = {'no-writes'}}
+redis.register_function('restms_v1_place', place)
+redis.register_function{function_name = 'restms_v1_room', callback = room,
+  flags = {'no-writes'}}
+redis.register_function('restms_v1_range', range)
+redis.register_function('restms_v1_ack', ack)
+redis.register_function('restms_v1_take_out', take_out)
+redis.register_function('restms_v1_delete_content', delete_content)
+redis.register_function('restms_v1_sweep', sweep)

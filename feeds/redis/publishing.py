@@ -1,0 +1,484 @@
+"""Publishing on the Redis engine: route on this engine (the cached catalogue), then
+one function call per bucket of target pipes places the copies; rotator and service
+feeds hand each message to one pipe in turn or queue it (a list in the feed's slot).
+
+A publish is all or nothing as far as the cluster lets it be: everything that can
+refuse it (a missing or foreign staged content, a full "reject" pipe, a full feed
+queue) is checked before anything is placed; when a bucket's call or its ``WAIT``
+fails, the copies placed in other buckets are taken out again before NotCommitted is
+raised (their positions stay gaps: a position is never issued twice).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from restms.errors import Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
+from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
+from restms.uris import split_path
+
+from ..model import Blob as HeldBlob
+from ..routing import QUEUEING_TYPES
+from ..service import Placed, PublishResult
+from ..store import decode_parts, dumps, loads, message_spec, persistent
+from .catalogue import FeedRec, PipeRec, bucket
+from .values import encode_message
+
+if TYPE_CHECKING:
+    from .service import RedisEngine
+
+log = logging.getLogger(__name__)
+_R = "restms_v1_"
+Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
+
+
+async def publish(
+    engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec]
+) -> PublishResult:
+    await engine._fresh()  # route with every join committed before this publish
+    feed = await engine._feed(principal, key)
+    now = time.time()
+    items, used = await _contents(engine, principal, feed, messages, now)
+    window = engine.config.dedup_window
+    seen: dict[str, int | None] = {}
+    ids = [spec.prop("message_id") if window > 0 else None for spec in messages]
+    wanted = sorted({i for i in ids if i})
+    if wanted:
+        found = await asyncio.gather(
+            *(
+                engine.link.call(_dedup_tag(engine, feed, i), "GET", engine.keys.dedup(feed.key, i))
+                for i in wanted
+            )
+        )
+        seen = {i: None if f is None else int(f) for i, f in zip(wanted, found, strict=True)}
+    counts: list[int] = [0] * len(messages)
+    routed: list[int] = []  # indexes of messages routed (not duplicates)
+    first_of: dict[str, int] = {}
+    for index, mid in enumerate(ids):
+        if mid and seen.get(mid) is not None:
+            counts[index] = Duplicate(seen[mid] or 0)
+        elif mid and mid in first_of:
+            counts[index] = -1 - first_of[mid]  # the count of the first, filled in below
+        else:
+            if mid:
+                first_of[mid] = index
+            routed.append(index)
+    engine.counters.published += len(messages)
+    if feed.type in QUEUEING_TYPES:
+        placed, queued, committed = await _queueing(engine, feed, [items[i] for i in routed])
+        took = {i: 1 if n else 0 for i, n in zip(routed, placed, strict=True)}
+        placements: list[Placed] = []
+    else:
+        took, placements, committed = await _fanout(engine, feed, items, routed)
+        queued = 0
+    for index in routed:
+        counts[index] = took[index]
+    for index, count in enumerate(counts):
+        if count < 0:
+            counts[index] = Duplicate(counts[-1 - count])
+            engine.counters.duplicates += 1
+        elif isinstance(count, Duplicate):
+            engine.counters.duplicates += 1
+    remember = [(ids[i], counts[i]) for i in routed if ids[i]]
+    if remember:
+        await asyncio.gather(
+            *(
+                engine.link.call(
+                    _dedup_tag(engine, feed, mid),
+                    "SET",
+                    engine.keys.dedup(feed.key, mid),
+                    count,
+                    "NX",
+                    "EX",
+                    max(1, int(window)),
+                    write=True,
+                )
+                for mid, count in remember
+                if mid
+            )
+        )
+    if used:
+        await engine._change(
+            lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
+        )
+    return PublishResult(
+        counts=tuple(counts), placed=tuple(placements), queued=queued, committed=committed
+    )
+
+
+def _dedup_tag(engine: RedisEngine, feed: FeedRec, mid: str) -> str:
+    return engine.keys.dedup(feed.key, mid)
+
+
+async def _contents(
+    engine: RedisEngine,
+    principal: str | None,
+    feed: FeedRec,
+    messages: Sequence[MessageSpec],
+    now: float,
+) -> tuple[list[Item], list[str]]:
+    """Each message as its entry holds it; staged contents are read and checked (M7-M10)
+    before anything is placed."""
+    items: list[Item] = []
+    used: list[str] = []
+    for spec in messages:
+        parts: list[EmbeddedContent | HeldBlob] = []
+        for content in spec.contents:
+            if isinstance(content, LinkedContent):
+                where = split_path(content.path)
+                key = where[1] if where is not None and where[0] == "resource" else ""
+                staged = await engine._staged(principal, key) if key else None
+                if staged is None or key in used:
+                    raise NotFound(f"no staged content at {content.path}")
+                if staged.feed != feed.key:
+                    raise Forbidden("a staged content may only be published to its own feed")
+                data = await engine.link.call(engine.keys.cat, "GET", engine.keys.staged(key))
+                if data is None:
+                    raise NotFound(f"no staged content at {content.path}")
+                parts.append(HeldBlob(data, staged.content_type))
+                used.append(key)
+            else:
+                parts.append(content)
+        record, size = encode_message(spec, tuple(parts), feed.name, now)
+        items.append((spec, record, size, persistent(spec)))
+    return items, used
+
+
+async def _fanout(
+    engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int]
+) -> tuple[dict[int, int], list[Placed], bool]:
+    cache = engine.cache
+    targets: dict[str, list[int]] = {}  # pipe -> messages, in order
+    joined: dict[tuple[str, int], int] = defaultdict(int)  # (pipe, message) -> joins matched
+    for index in routed:
+        spec = items[index][0]
+        headers = dict(spec.headers) if feed.type == "headers" else {}
+        for join in cache.matching(feed, spec.address, headers):
+            if joined[(join.pipe, index)] == 0:
+                targets.setdefault(join.pipe, []).append(index)
+            joined[(join.pipe, index)] += 1
+    pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
+    await _check_reject(engine, pipes, targets, items)
+    durable = any(items[i][3] for i in routed) or any(
+        engine.settings(p).durable for p in pipes.values()
+    )
+    positions = await _place(engine, pipes, targets, items, durable)
+    took = dict.fromkeys(routed, 0)
+    placements: list[Placed] = []
+    for key, got in positions.items():
+        taken = [p for p in got if p]
+        if taken:
+            placements.append(Placed(pipe=key, first=min(taken), last=max(taken)))
+        for index, position in zip(targets[key], got, strict=True):
+            if position:
+                took[index] += joined[(key, index)]
+                engine.counters.routed += 1
+            else:
+                engine.counters.skipped_full += 1
+    return took, placements, durable
+
+
+async def _check_reject(
+    engine: RedisEngine, pipes: dict[str, PipeRec], targets: dict[str, list[int]], items: list[Item]
+) -> None:
+    """Q2 "reject": a message larger than the pipe takes is 413; a pipe too full for
+    what comes is 503 for the whole publish, before anything is placed."""
+    asks: dict[str, list[Any]] = defaultdict(list)
+    for key, pipe in pipes.items():
+        settings = engine.settings(pipe)
+        if settings.overflow != "reject":
+            continue
+        sizes = [items[i][2] for i in targets[key]]
+        if any(size > settings.max_bytes for size in sizes):
+            raise PayloadTooLarge("a message is larger than a pipe it goes to accepts")
+        stream, state, tag = engine.keys.pipe(key)
+        asks[tag].append((stream, state, settings.max_messages, settings.max_bytes, sizes))
+    for tag, pipes_here in asks.items():
+        keys: list[Any] = []
+        args: list[Any] = []
+        for stream, state, most, most_bytes, sizes in pipes_here:
+            keys += [stream, state]
+            args += [most, most_bytes, len(sizes), *sizes]
+        fits = await engine.link.call(tag, "FCALL", _R + "room", len(keys), *keys, *args)
+        if any(fit < len(ask[4]) for fit, ask in zip(fits, pipes_here, strict=True)):
+            engine.counters.rejected_full += 1
+            raise ServiceUnavailable("a pipe this publish reaches is full; retry", retry_after=1)
+
+
+async def _place(
+    engine: RedisEngine,
+    pipes: dict[str, PipeRec],
+    targets: dict[str, list[int]],
+    items: list[Item],
+    durable: bool,
+) -> dict[str, list[int]]:
+    """One call per bucket; each pipe's positions (0: skipped, full)."""
+    by_tag: dict[str, list[str]] = defaultdict(list)
+    for key in pipes:
+        by_tag[engine.keys.tag(bucket(key))].append(key)
+    now_ms = int(time.time() * 1000)
+
+    async def one(tag: str, here: list[str]) -> tuple[str, list[str], list[int]]:
+        keys: list[Any] = []
+        args: list[Any] = [tag, now_ms]
+        for key in here:
+            stream, state, _tag = engine.keys.pipe(key)
+            keys += [stream, state]
+            settings = engine.settings(pipes[key])
+            args += [
+                settings.max_messages,
+                settings.max_bytes,
+                settings.overflow,
+                len(targets[key]),
+            ]
+            for index in targets[key]:
+                spec, record, size, _kept = items[index]
+                ttl = spec.prop("expiration")
+                expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
+                args += [size, expires, record]
+        reply = await engine.link.call(
+            tag, "FCALL", _R + "place", len(keys), *keys, *args, write=True, durable=durable
+        )
+        return tag, here, [int(r) for r in reply]
+
+    results = await asyncio.gather(
+        *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
+    )
+    positions: dict[str, list[int]] = {}
+    failure: BaseException | None = None
+    for result in results:
+        if isinstance(result, BaseException):
+            failure = failure or result
+            continue
+        _tag, here, reply = result
+        at = 0
+        for key in here:
+            engine.counters.dropped_oldest += reply[at]
+            count = len(targets[key])
+            positions[key] = reply[at + 1 : at + 1 + count]
+            at += 1 + count
+    if failure is not None:
+        await _withdraw(engine, positions)
+        raise failure
+    for key in positions:
+        engine._wake(key)
+    return positions
+
+
+async def _withdraw(engine: RedisEngine, positions: dict[str, list[int]]) -> None:
+    """Take back the copies a failed publish placed (best effort: the store failing)."""
+    for key, got in positions.items():
+        stream, state, tag = engine.keys.pipe(key)
+        for position in got:
+            if position:
+                try:
+                    await engine.link.call(
+                        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+                    )
+                    engine.counters.withdrawn += 1
+                except ServiceUnavailable:
+                    return
+
+
+# ---------------------------------------------------------------- rotator and service feeds
+def _queue(engine: RedisEngine, feed: FeedRec) -> tuple[str, str]:
+    tag = f"{{{engine.keys.ns}:f:{feed.key}}}"
+    return f"{tag}:q", f"{tag}:rr"
+
+
+async def queued(engine: RedisEngine, feed: FeedRec) -> tuple[int, int]:
+    """How many messages wait in the feed's queue, and their bytes."""
+    queue, _rr = _queue(engine, feed)
+    items = await engine.link.call(queue, "LRANGE", queue, 0, -1)
+    return len(items), sum(loads(item)[0] for item in items)
+
+
+async def _queueing(
+    engine: RedisEngine, feed: FeedRec, items: list[Item]
+) -> tuple[list[int], int, bool]:
+    """F8: each message to the next join's pipe that has room, else to the queue."""
+    queue, _rr = _queue(engine, feed)
+    durable = any(item[3] for item in items)
+    waiting = await engine.link.call(queue, "LLEN", queue)
+    placed: list[int] = []
+    left: list[Item] = []
+    for item in items:
+        position = 0 if waiting or left else await _hand_out(engine, feed, item, durable)
+        placed.append(position)
+        if not position:
+            left.append(item)
+    if left:
+        if waiting + len(left) > engine.config.max_feed_queue:
+            raise ServiceUnavailable("the feed's queue is full; retry", retry_after=1)
+        entries = [dumps([size, record.decode(), kept]) for _spec, record, size, kept in left]
+        await engine.link.call(queue, "RPUSH", queue, *entries, write=True, durable=durable)
+        engine.counters.queued += len(left)
+    return placed, len(left), durable
+
+
+async def _hand_out(engine: RedisEngine, feed: FeedRec, item: Item, durable: bool) -> int:
+    """Place one message in the pipe of the next join in turn that takes it; 0: none."""
+    joins = [j for j in feed.joins.values() if j.pipe in engine.cache.pipes]
+    joins = [j for j in joins if engine.cache.pipes[j.pipe].type != "ondemand"]
+    if not joins:
+        return 0
+    _queue_key, rr = _queue(engine, feed)
+    start = int(await engine.link.call(rr, "INCR", rr, write=True)) - 1
+    for step in range(len(joins)):
+        join = joins[(start + step) % len(joins)]
+        pipe = engine.cache.pipes[join.pipe]
+        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable)
+        if got[pipe.key][0]:
+            engine.counters.routed += 1
+            return got[pipe.key][0]
+    return 0
+
+
+async def drain(engine: RedisEngine, feed: FeedRec) -> None:
+    """Hand queued messages out while a pipe takes them (a join came, F8)."""
+    queue, _rr = _queue(engine, feed)
+    while True:
+        head = await engine.link.call(queue, "LINDEX", queue, 0)
+        if head is None:
+            return
+        size, record, kept = loads(head)
+        spec = message_spec(loads(record))
+        if not await _hand_out(engine, feed, (spec, record.encode(), size, kept), kept):
+            return
+        await engine.link.call(queue, "LPOP", queue, write=True)
+
+
+# ---------------------------------------------------------------- dead letters
+async def dead_letter(
+    engine: RedisEngine,
+    pipe: PipeRec,
+    data: bytes,
+    reason: str,
+    why: tuple[tuple[str, str], ...],
+    feed: str | None,
+) -> bool:
+    """Publish a copy of a message taken out of ``pipe`` to a dead-letter feed (``feed``
+    by name, else the pipe's, else the configured one); False when there is none."""
+    cache = engine.cache
+    settings = engine.settings(pipe)
+    target: FeedRec | None
+    if feed:
+        target = cache.feeds.get(feed)
+    elif settings.dead_letter is None:
+        target = cache.feeds.get(engine.config.dead_letter_feed)
+    else:
+        try:
+            target = cache.feed_at(settings.dead_letter) if settings.dead_letter else None
+        except Exception:
+            target = None
+    if target is None:
+        engine.counters.dead_discarded += 1
+        return False
+    fields = loads(data)
+    spec = message_spec(fields)
+    headers = (
+        *spec.headers,
+        ("x-death-reason", reason),
+        *why,
+        ("x-original-feed", fields[3] or ""),
+    )
+    copy = MessageSpec(address=spec.address, props=spec.props, headers=headers)
+    parts = tuple(p for p in decode_parts(fields[6]) if p is not None)
+    record, size = encode_message(copy, parts, fields[3], fields[4])
+    item: Item = (copy, record, size, persistent(copy))
+    try:
+        if target.type in QUEUEING_TYPES:
+            await _queueing(engine, target, [item])
+        else:
+            await _fanout(engine, target, [item], [0])
+    except ServiceUnavailable:
+        engine.counters.dead_discarded += 1
+        return False
+    engine.counters.dead_lettered += 1
+    return True
+
+
+async def room(
+    engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec], wait: float
+) -> int:
+    """How many leading messages every "skip" pipe they reach can hold together."""
+    feed = await engine._feed(principal, key)
+    if feed.type in QUEUEING_TYPES:
+        return len(messages)
+    deadline = time.monotonic() + wait
+    while True:
+        fit, pipes = await _room_now(engine, feed, messages)
+        remaining = deadline - time.monotonic()
+        if fit or remaining <= 0 or not pipes:
+            return fit
+        futures = [engine._watch(p) for p in pipes]
+        for p in pipes:
+            await engine._listen(bucket(p))
+        try:
+            fit, _ = await _room_now(engine, feed, messages)
+            if fit:
+                return fit
+            await asyncio.wait(futures, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for p, future in zip(pipes, futures, strict=True):
+                engine._unwatch(p, future)
+
+
+async def _room_now(
+    engine: RedisEngine, feed: FeedRec, messages: Sequence[MessageSpec]
+) -> tuple[int, list[str]]:
+    cache = engine.cache
+    sizes = [
+        spec.head_size + sum(len(c.value) for c in spec.contents if isinstance(c, EmbeddedContent))
+        for spec in messages
+    ]
+    reach: dict[str, list[int]] = defaultdict(list)
+    for index, spec in enumerate(messages):
+        headers = dict(spec.headers) if feed.type == "headers" else {}
+        for join in cache.matching(feed, spec.address, headers):
+            pipe = cache.pipes.get(join.pipe)
+            skips = pipe is not None and engine.settings(pipe).overflow == "skip"
+            if skips and (not reach[join.pipe] or reach[join.pipe][-1] != index):
+                reach[join.pipe].append(index)
+    fit = len(messages)
+    full: list[str] = []
+    for key, indexes in reach.items():
+        settings = engine.settings(cache.pipes[key])
+        stream, state, tag = engine.keys.pipe(key)
+        took = await engine.link.call(
+            tag,
+            "FCALL",
+            _R + "room",
+            2,
+            stream,
+            state,
+            settings.max_messages,
+            settings.max_bytes,
+            len(indexes),
+            *[sizes[i] for i in indexes],
+        )
+        taken = int(took[0])
+        if taken < len(indexes):
+            fit = min(fit, indexes[taken])
+            full.append(key)
+    return fit, full
+
+
+async def announce(
+    engine: RedisEngine,
+    feed: FeedRec,
+    spec: MessageSpec,
+    parts: tuple[EmbeddedContent, ...],
+    now: float,
+) -> None:
+    """Route one system event (non-persistent) to the system feed's joins."""
+    record, size = encode_message(spec, parts, feed.name, now)
+    try:
+        await _fanout(engine, feed, [(spec, record, size, False)], [0])
+    except ServiceUnavailable as exc:
+        log.warning("a system event was lost: %s", exc.reason)

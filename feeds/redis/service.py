@@ -1,0 +1,1358 @@
+"""The Redis Cluster engine behind the engine service (:mod:`feeds.service`), issue 24.
+
+Theory of operation
+-------------------
+Any number of engines (gateway nodes) share one namespace of a Redis Cluster; none
+holds state another needs. The data model (docs/CLUSTER.md, "The engine's data
+model"):
+
+* The **catalogue** (:mod:`.catalogue`) is one hash in one slot, changed only by a
+  compare-and-set function call that bumps its version and announces it on the
+  catalogue's sharded channel; every engine caches it as its routing table, reads the
+  news when announced, and looks again on a miss (a key another engine made a moment
+  ago) and before each publish (a cheap version check), so a publish routes with every
+  join committed before it.
+* A **pipe** is a stream whose entry ids are the RestMS positions, beside a small
+  hash (the last position issued, bytes held, redeliveries, deleted contents), in the
+  slot of its bucket; each operation on it is one function call of
+  ``library.lua``, atomic with the wake-up it publishes on the bucket's channel.
+* **Publishing** routes on this engine, then makes one call per bucket holding target
+  pipes. A publish that holds a persistent message (or reaches a durable pipe) sends
+  ``WAIT 1`` after each of those calls on the same connection (:mod:`.link`): it
+  returns only once the master's AOF (``appendfsync always``) and a replica have it,
+  else it takes back what it placed and raises NotCommitted.
+* **Waiting** readers wait on a future per pipe; the engine listens on the channel of
+  each bucket where it ever had a waiter (at most ``BUCKETS``) and wakes a pipe's
+  waiters when a change of that pipe is announced; they then look again.
+* **Leases** are a sorted set per bucket, swept by one engine at a time (a lock taken
+  inside the sweep function).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import secrets
+import time
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from restms import names
+from restms.errors import (
+    BadRequest,
+    Forbidden,
+    NotFound,
+    ServiceUnavailable,
+)
+from restms.specs import (
+    EmbeddedContent,
+    FeedSpec,
+    JoinSpec,
+    MessageSpec,
+    PipeSpec,
+    Update,
+)
+
+from ..config import DEFAULT_FEED, LATENCY_BOUNDS, Counters, EngineConfig, Latency
+from ..events import Events
+from ..model import Feed
+from ..routing import QUEUEING_TYPES
+from ..service import (
+    Blob,
+    Census,
+    ContentRef,
+    DomainInfo,
+    EngineService,
+    FeedInfo,
+    Histogram,
+    Inventory,
+    JoinInfo,
+    Listing,
+    Message,
+    MirrorSink,
+    Owned,
+    PipeInfo,
+    PipeState,
+    PublishResult,
+    Readiness,
+    Resource,
+    Slot,
+    StagedInfo,
+    Stats,
+    StoreStats,
+    SystemEvents,
+    Watched,
+    Webhook,
+    WebhookAttempts,
+)
+from .catalogue import (
+    BUCKETS,
+    Cache,
+    DomainRec,
+    FeedRec,
+    JoinRec,
+    Keys,
+    PipeRec,
+    StagedRec,
+    bucket,
+    encode,
+    field_of,
+    replace,
+)
+from .cursor import RedisCursor
+from .link import Link, Subscriber
+from .values import (
+    Settings,
+    decode_message,
+    domain_info,
+    feed_info,
+    join_info,
+    pipe_info,
+    staged_info,
+    webhook,
+)
+
+log = logging.getLogger(__name__)
+HIDDEN = "no such resource"
+NODES = (("127.0.0.1", 7101), ("127.0.0.1", 7102), ("127.0.0.1", 7103))
+T = TypeVar("T")
+Fields = list[tuple[str, bytes | None]]
+_R = "restms_v1_"  # the function library's prefix (library.lua)
+FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
+
+
+class RedisEngine:
+    """The engine service on a Redis Cluster: any engine serves any pipe."""
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        namespace: str,
+        nodes: Sequence[tuple[str, int]] = NODES,
+        *,
+        sweep_interval: float = 1.0,
+        replicas: int = 1,
+    ) -> None:
+        self.config = config
+        self.keys = Keys(namespace)
+        self.link = Link(list(nodes), replicas=replicas)
+        self.cache = Cache(config)
+        self.counters = Counters()
+        self.latency = Latency()
+        self._sweep_interval = sweep_interval
+        self._subscriber = Subscriber(self.link, self._heard, self._lost)
+        self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)
+        self._watching_catalogue: set[asyncio.Future[bool]] = set()
+        self._listening: set[int] = set()
+        self._leased_buckets: set[int] = set()
+        self._syncing: asyncio.Lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._cursors: set[RedisCursor] = set()
+        self._closing = False
+        self._closed = False
+        self._mirror: MirrorSink | None = None
+        self._hook_listener: Callable[[str, Webhook | None], None] | None = None
+        self._dead_letter = config.dead_letter_feed or ""
+        self._events: Events | None = None
+        self._announcing: set[asyncio.Task[None]] = set()
+        if config.system_feed:
+            system = cast("Feed", _SystemFeed(self.cache, config.system_feed))
+            self._events = Events(system, self._announce, interval=config.events_interval)
+
+    @classmethod
+    def open(
+        cls,
+        config: EngineConfig | None = None,
+        namespace: str = "restms",
+        nodes: Sequence[tuple[str, int]] = NODES,
+        *,
+        sweep_interval: float = 1.0,
+    ) -> RedisEngine:
+        """An engine on the cluster at ``nodes`` (any of its masters), its keys under
+        ``namespace``; call :meth:`start` before use."""
+        return cls(config or EngineConfig(), namespace, nodes, sweep_interval=sweep_interval)
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        await self.link.start()
+        await self._subscriber.subscribe(self.keys.cat)
+        await self._sync()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._sweeper(), name="redis-engine-sweeper"))
+
+    def shutdown(self) -> None:
+        self._closing = True
+        for futures in [*self._waiters.values(), self._watching_catalogue]:
+            for future in list(futures):
+                if not future.done():
+                    future.set_result(False)
+        for cursor in list(self._cursors):
+            cursor.end("closing")
+
+    async def close(self) -> None:
+        self.shutdown()
+        if self._closed:
+            return
+        self._closed = True
+        if self._announcing:  # announcements on their way: a moment to land
+            await asyncio.wait(list(self._announcing), timeout=1.0)
+        tasks, self._tasks = [*self._tasks, *self._announcing], []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._subscriber.close()
+        await self.link.close()
+
+    async def crash(self) -> None:
+        """Stop as a killed process would (tests): its tasks end where they are and its
+        connections drop, as the system would drop a dead process's sockets; nothing
+        is finished or said goodbye to."""
+        self._closing = self._closed = True
+        tasks, self._tasks = [*self._tasks, *self._announcing], []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._subscriber.close()
+        await self.link.close()
+
+    @property
+    def events(self) -> SystemEvents | None:
+        return self._events
+
+    def _announce(
+        self,
+        _feed: Feed,
+        spec: MessageSpec,
+        parts: tuple[EmbeddedContent, ...],
+        now: float,
+        _durable: bool,
+        _size: int,
+    ) -> int:
+        """Route one system event (feeds.events): in the background, as announcements
+        never wait."""
+        from .publishing import announce
+
+        system = self.cache.feeds.get(self.config.system_feed)
+        if system is None or self._closing:
+            return 0
+        task = asyncio.get_running_loop().create_task(announce(self, system, spec, parts, now))
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+        return 1
+
+    def _unavailable(self) -> ServiceUnavailable:
+        return ServiceUnavailable("the gateway is shutting down", retry_after=1)
+
+    # ------------------------------------------------------------ the catalogue
+    def _heard(self, channel: str, data: bytes) -> None:
+        if channel == self.keys.cat:
+            if int(data or 0) > self.cache.version and not self._closing:
+                self._background(self._sync())
+            return
+        for pipe in data.decode().split():
+            self._wake(pipe)
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` beside the calls (reading news): tracked, ended by close, its
+        failure logged (the next call looks again)."""
+
+        async def run() -> None:
+            try:
+                await work
+            except ServiceUnavailable as exc:
+                log.warning("reading the catalogue's news failed: %s", exc.reason)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._announcing.add(task)
+        task.add_done_callback(self._announcing.discard)
+
+    def _lost(self) -> None:
+        """A wake-up may have been missed: every waiter looks again."""
+        for pipe in list(self._waiters):
+            self._wake(pipe)
+        if not self._closing:
+            self._background(self._sync())
+
+    def _wake(self, pipe: str) -> None:
+        for future in self._waiters.pop(pipe, ()):
+            if not future.done():
+                future.set_result(True)
+
+    async def _sync(self) -> None:
+        """Read the catalogue's news since the version cached."""
+        async with self._syncing:
+            keys = self.keys
+            reply = await self.link.call(
+                keys.cat, "FCALL", _R + "cat_since", 2, keys.cat, keys.log, self.cache.version
+            )
+            self._news(reply)
+
+    def _news(self, reply: list[Any]) -> None:
+        version = int(reply[0])
+        if len(reply) == 1 or (version <= self.cache.version and reply[1] != b"full"):
+            return
+        items = [(reply[i].decode(), reply[i + 1] or None) for i in range(2, len(reply) - 1, 2)]
+        before = set(self.cache.pipes)
+        self.cache.load(version, items, full=reply[1] == b"full")
+        for pipe in before - set(self.cache.pipes):
+            self._wake(pipe)
+        for pipe in {name[2:] for name, _ in items if name.startswith("p:")}:
+            self._wake(pipe)
+        watching, self._watching_catalogue = self._watching_catalogue, set()
+        for future in watching:
+            if not future.done():
+                future.set_result(True)
+
+    async def _change(self, build: Callable[[], tuple[Fields, T]]) -> T:
+        """Make a change the cache decides (``build``: the fields to write, and the
+        answer), atomically against the version it was decided on: when another engine
+        changed the catalogue first, read the news and decide again."""
+        keys = self.keys
+        for _ in range(50):
+            fields, answer = build()
+            if not fields:
+                return answer
+            args: list[Any] = []
+            for name, value in fields:
+                args += [name, value or b""]
+            expected = self.cache.version
+            made, version = await self.link.call(
+                keys.cat,
+                "FCALL",
+                _R + "cat_change",
+                2,
+                keys.cat,
+                keys.log,
+                expected,
+                keys.cat,
+                *args,
+                write=True,
+                durable=True,
+            )
+            if made:
+                if version == self.cache.version + 1:
+                    before = set(self.cache.pipes)
+                    self.cache.load(version, fields, full=False)
+                    for pipe in before - set(self.cache.pipes):
+                        self._wake(pipe)
+                    for pipe in {n[2:] for n, _ in fields if n.startswith("p:")}:
+                        self._wake(pipe)
+                    watching, self._watching_catalogue = self._watching_catalogue, set()
+                    for future in watching:
+                        if not future.done():
+                            future.set_result(True)
+                elif version > self.cache.version:
+                    await self._sync()
+                return answer
+            await self._sync()
+        raise ServiceUnavailable("the catalogue is too busy to change now; retry", retry_after=1)
+
+    async def _fresh(self) -> None:
+        """Catch up when the catalogue moved on (a cheap version check)."""
+        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v")
+        if int(version or 0) != self.cache.version:
+            await self._sync()
+
+    # ------------------------------------------------------------ look-ups (another's: 404)
+    async def _find(self, table: str, key: str) -> Any:
+        found = getattr(self.cache, table).get(key)
+        if found is None:
+            await self._fresh()  # made by another engine a moment ago?
+            found = getattr(self.cache, table).get(key)
+        return found
+
+    async def _pipe(self, principal: str | None, key: str) -> PipeRec:
+        found: PipeRec | None = await self._find("pipes", key)
+        if found is None or (principal is not None and found.owner != principal):
+            raise NotFound(HIDDEN)
+        return found
+
+    async def _feed(self, principal: str | None, key: str) -> FeedRec:
+        found: FeedRec | None = await self._find("feeds", key)
+        if found is None or (
+            found.name is None and principal is not None and found.owner != principal
+        ):
+            raise NotFound(f"no feed named {key!r}")
+        return found
+
+    async def _join(self, principal: str | None, key: str) -> JoinRec:
+        found: JoinRec | None = await self._find("joins", key)
+        if found is None:
+            raise NotFound(HIDDEN)
+        pipe = self.cache.pipes[found.pipe]
+        if principal is not None and pipe.owner != principal:
+            raise NotFound(HIDDEN)
+        return found
+
+    async def _staged(self, principal: str | None, key: str) -> StagedRec:
+        found: StagedRec | None = await self._find("staged", key)
+        if (
+            found is None
+            or found.expires <= time.time()
+            or (principal is not None and found.owner != principal)
+        ):
+            raise NotFound(HIDDEN)
+        return found
+
+    def settings(self, pipe: PipeRec) -> Settings:
+        return Settings(pipe.options, self.config)
+
+    # ------------------------------------------------------------ values
+    def _feed_info(self, feed: FeedRec) -> FeedInfo:
+        system = bool(self.config.system_feed) and feed.key == self.config.system_feed
+        return feed_info(feed, feed.configured and feed.key == DEFAULT_FEED, system)
+
+    def _join_info(self, join: JoinRec) -> JoinInfo:
+        feed = self.cache.feeds.get(join.feed)
+        return join_info(join, self.cache.pipes[join.pipe], feed is None or feed.name is not None)
+
+    async def _pipe_info(self, pipe: PipeRec, use: bool = True) -> PipeInfo:
+        figures = await self._figures(pipe.key, use)
+        joins = tuple(self._join_info(j) for j in pipe.joins.values())
+        return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter)
+
+    async def _figures(self, pipe: str, use: bool = True) -> tuple[int, int | None, int, int]:
+        """Held, oldest, asynclet and the version of a pipe's messages."""
+        _stream, state, tag = self.keys.pipe(pipe)
+        reply = await self._range(pipe, 0, 0, use)
+        version = await self.link.call(tag, "HGET", state, "ver")
+        return reply[3], reply[2] or None, reply[0], int(version or 0)
+
+    async def domain(self, name: str) -> DomainInfo:
+        found = self.cache.domains.get(name)
+        if found is None:
+            raise NotFound(f"no domain named {name!r}")
+        return domain_info(found, [f.key for f in self.cache.public_feeds(name)])
+
+    async def domains(self) -> tuple[DomainInfo, ...]:
+        return tuple([await self.domain(name) for name in self.cache.domains])
+
+    async def feed(self, principal: str | None, key: str) -> FeedInfo:
+        return await self._feed_value(await self._feed(principal, key))
+
+    async def _feed_value(self, feed: FeedRec) -> FeedInfo:
+        """:meth:`_feed_info`, with how many messages its queue holds (F8)."""
+        made = self._feed_info(feed)
+        if feed.type not in QUEUEING_TYPES:
+            return made
+        from .publishing import queued
+
+        count, _size = await queued(self, feed)
+        return dataclasses.replace(made, queued=count)
+
+    async def feeds(self, domain: str) -> tuple[FeedInfo, ...]:
+        await self.domain(domain)
+        return tuple([await self._feed_value(f) for f in self.cache.public_feeds(domain)])
+
+    async def pipe(self, principal: str | None, key: str) -> PipeInfo:
+        return await self._pipe_info(await self._pipe(principal, key))
+
+    async def pipes(self, principal: str) -> tuple[PipeInfo, ...]:
+        mine = [p for p in self.cache.pipes.values() if p.owner == principal]
+        return tuple([await self._pipe_info(p) for p in mine])
+
+    async def join(self, principal: str | None, key: str) -> JoinInfo:
+        return self._join_info(await self._join(principal, key))
+
+    async def resolve(self, principal: str | None, key: str) -> Resource:
+        cache = self.cache
+        known = key in cache.pipes or key in cache.joins or key in cache.staged
+        if not known and (key not in cache.feeds or cache.feeds[key].name is not None):
+            await self._fresh()
+        feed = cache.feeds.get(key)
+        if feed is not None and feed.name is None:
+            if principal is not None and feed.owner != principal:
+                raise NotFound(HIDDEN)
+            return self._feed_info(feed)
+        if key in cache.pipes:
+            return await self.pipe(principal, key)
+        if key in cache.joins:
+            return await self.join(principal, key)
+        if key in cache.staged:
+            return (await self.staged(principal, key))[0]
+        pipe_key, dot, rest = key.partition(".")
+        found = cache.pipes.get(pipe_key) if dot else None
+        if found is not None:
+            pipe = await self._pipe(principal, pipe_key)
+            seq, dot, index = rest.partition(".")
+            if seq.isdigit() and (not dot or index.isdigit()):
+                if dot:
+                    return ContentRef(
+                        pipe=pipe.key, position=int(seq), index=int(index), domain=pipe.domain
+                    )
+                return Slot(
+                    pipe=pipe.key, position=int(seq), domain=pipe.domain, pipe_type=pipe.type
+                )
+        raise NotFound(HIDDEN)
+
+    async def exists(self, principal: str | None, at: Slot | ContentRef) -> bool:
+        pipe = await self._pipe(principal, at.pipe)
+        if isinstance(at, Slot):
+            reply = await self._range(pipe.key, at.position, 1)
+            return reply[0] == at.position or _first(reply) == at.position
+        try:
+            await self.content(principal, at)
+        except NotFound:
+            return False
+        return True
+
+    async def feed_at(self, principal: str | None, path: str) -> FeedInfo:
+        await self._fresh()
+        target = self.cache.feed_at(path)
+        if target.name is None and principal is not None and target.owner != principal:
+            raise BadRequest(f"join names no existing feed: {path}")
+        return self._feed_info(target)
+
+    async def listed_feeds(self, domain: str) -> tuple[FeedInfo, ...]:
+        await self.domain(domain)  # 404 for none
+        feeds = {f.key: f for f in self.cache.public_feeds(domain)}
+        feeds.setdefault(DEFAULT_FEED, self.cache.feeds[DEFAULT_FEED])
+        return tuple(self._feed_info(f) for f in feeds.values())
+
+    async def owned(self, principal: str) -> Owned:
+        cache = self.cache
+        pipes = [p for p in cache.pipes.values() if p.owner == principal]
+        return Owned(
+            feeds=sum(1 for f in cache.feeds.values() if not f.configured and f.owner == principal),
+            pipes=len(pipes),
+            joins=sum(len(p.joins) for p in pipes),
+        )
+
+    async def changed(self, principal: str | None, value: Watched, wait: float) -> Watched | None:
+        deadline = time.monotonic() + wait
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._closing:
+                raise self._unavailable()
+            future: asyncio.Future[bool] = loop.create_future()
+            self._watching_catalogue.add(future)
+            pipe = value.key if isinstance(value, PipeInfo) else None
+            if pipe is not None:
+                await self._listen(bucket(pipe))
+                self._waiters[pipe].add(future)
+            try:
+                now = await self._now(principal, value)
+                if now.version != value.version:
+                    return cast("Watched", now)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                await asyncio.wait({future}, timeout=remaining)
+            finally:
+                self._watching_catalogue.discard(future)
+                if pipe is not None:
+                    self._waiters.get(pipe, set()).discard(future)
+
+    async def _now(self, principal: str | None, value: Watched) -> Any:
+        if isinstance(value, DomainInfo):
+            return await self.domain(value.name)
+        if isinstance(value, FeedInfo):
+            return await self.feed(principal, value.key)
+        if isinstance(value, PipeInfo):
+            return await self.pipe(principal, value.key)
+        return await self.join(principal, value.key)
+
+    # ------------------------------------------------------------ changes
+    def _domain_touched(self, name: str, now: float) -> tuple[str, bytes]:
+        domain = self.cache.domains[name]
+        made = DomainRec(name=name, title=domain.title, version=domain.version + 1, modified=now)
+        return field_of(made), encode(made)
+
+    async def create_feed(
+        self, principal: str, domain: str, spec: FeedSpec
+    ) -> tuple[FeedInfo, bool]:
+        if domain not in self.cache.domains:
+            raise NotFound(f"no domain named {domain!r}")
+        key = spec.name if spec.name is not None else names.new_hash()
+
+        def build() -> tuple[Fields, tuple[str, bool]]:
+            if spec.name is not None and spec.name in self.cache.feeds:
+                return [], (spec.name, False)
+            now = time.time()
+            feed = FeedRec(
+                key=key,
+                name=spec.name,
+                type=spec.type,
+                title=spec.title,
+                license=spec.license,
+                domain=domain,
+                owner=principal,
+                modified=now,
+            )
+            fields: Fields = [(field_of(feed), encode(feed))]
+            if spec.name is not None:
+                fields.append(self._domain_touched(domain, now))
+            return fields, (key, True)
+
+        if spec.name is not None:
+            await self._fresh()
+        made, created = await self._change(build)
+        return self._feed_info(self.cache.feeds[made]), created
+
+    async def update_feed(self, principal: str | None, key: str, update: Update) -> FeedInfo:
+        await self._feed(principal, key)
+
+        def build() -> tuple[Fields, None]:
+            feed = self.cache.feeds.get(key)
+            if feed is None:
+                raise NotFound(f"no feed named {key!r}")
+            if feed.configured:
+                raise Forbidden("configured feeds cannot be changed")
+            if principal is not None and feed.owner != principal:
+                raise Forbidden("only its creator may change a public feed")
+            if update.name and update.name != (feed.name or ""):
+                raise Forbidden("a feed's name cannot be changed")
+            if update.type and update.type != feed.type:
+                raise Forbidden("a feed's type cannot be changed")
+            made = replace(
+                feed,
+                title=update.title or None,
+                license=update.license or None,
+                modified=time.time(),
+            )
+            return [(field_of(made), encode(made))], None
+
+        await self._change(build)
+        return self._feed_info(self.cache.feeds[key])
+
+    async def delete_feed(self, principal: str | None, key: str) -> None:
+        await self._feed(principal, key)
+
+        def build() -> tuple[Fields, None]:
+            feed = self.cache.feeds.get(key)
+            if feed is None:
+                raise NotFound(f"no feed named {key!r}")
+            if feed.configured:
+                raise Forbidden("configured feeds cannot be deleted")
+            if principal is not None and feed.owner != principal:
+                raise Forbidden("only its creator may delete a public feed")
+            return self._feed_gone(feed, time.time()), None
+
+        await self._change(build)
+
+    def _feed_gone(self, feed: FeedRec, now: float) -> Fields:
+        fields: Fields = [(f"f:{feed.key}", None)]
+        fields += [(f"j:{j}", None) for j in feed.joins]
+        fields += self._pipes_touched({j.pipe for j in feed.joins.values()}, now)
+        fields += [(f"s:{s.key}", None) for s in self.cache.staged.values() if s.feed == feed.key]
+        if feed.name is not None:
+            fields.append(self._domain_touched(feed.domain, now))
+        return fields
+
+    def _pipes_touched(self, pipes: set[str], now: float) -> Fields:
+        fields: Fields = []
+        for key in pipes:
+            pipe = self.cache.pipes.get(key)
+            if pipe is not None:
+                made = replace(pipe, modified=now)
+                fields.append((field_of(made), encode(made)))
+        return fields
+
+    async def create_pipe(self, principal: str, domain: str, spec: PipeSpec) -> PipeInfo:
+        if domain not in self.cache.domains:
+            raise NotFound(f"no domain named {domain!r}")
+        options = spec.options
+        config = self.config
+        for name, asked, most in (
+            ("max_messages", options.max_messages, config.max_pipe_messages),
+            ("max_bytes", options.max_bytes, config.max_pipe_bytes),
+        ):
+            if asked is not None and asked > most:
+                raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
+        if options.dead_letter:
+            await self._fresh()
+            try:
+                self.cache.feed_at(options.dead_letter)
+            except BadRequest:
+                raise BadRequest(
+                    f"pipe dead_letter names no existing feed: {options.dead_letter}"
+                ) from None
+        hook = options.webhook
+        if hook is not None:
+            if hook.secret is None:
+                hook = dataclasses.replace(hook, secret=secrets.token_urlsafe(32))
+                options = dataclasses.replace(options, webhook=hook)
+            config.webhooks.fill(hook)  # 400 above a maximum
+        key = names.new_hash()
+        now = time.time()
+        pipe = PipeRec(
+            key=key,
+            type=spec.type,
+            title=spec.title,
+            domain=domain,
+            owner=principal,
+            options=options.given(),
+            modified=now,
+        )
+        settings = self.settings(pipe)
+        _stream, state, tag = self.keys.pipe(key)
+        await self.link.call(
+            tag, "HSET", state, "md", settings.max_deliveries, "at", int(now * 1000), write=True
+        )
+        fields: Fields = [(field_of(pipe), encode(pipe))]
+        if spec.type != "ondemand":
+            default = JoinRec(
+                key=names.new_hash(),
+                pipe=key,
+                feed=DEFAULT_FEED,
+                address=key,
+                is_default=True,
+                modified=now,
+            )
+            fields.append((field_of(default), encode(default)))
+        await self._change(lambda: (fields, None))
+        return await self._pipe_info(self.cache.pipes[key])
+
+    async def update_pipe(self, principal: str | None, key: str, update: Update) -> PipeInfo:
+        await self._pipe(principal, key)
+
+        def build() -> tuple[Fields, None]:
+            pipe = self.cache.pipes.get(key)
+            if pipe is None:
+                raise NotFound(HIDDEN)
+            if update.type is not None and update.type not in ("", pipe.type, "fifo"):
+                raise Forbidden("a pipe's type cannot be changed")
+            made = replace(pipe, title=update.title or None, modified=time.time())
+            return [(field_of(made), encode(made))], None
+
+        await self._change(build)
+        return await self.pipe(principal, key)
+
+    async def delete_pipe(self, principal: str | None, key: str) -> None:
+        await self._pipe(principal, key)
+        await self._drop_pipe(key)
+
+    async def _drop_pipe(self, key: str) -> None:
+        def build() -> tuple[Fields, None]:
+            pipe = self.cache.pipes.get(key)
+            if pipe is None:
+                return [], None
+            fields: Fields = [(f"p:{key}", None)]
+            fields += [(f"j:{j}", None) for j in pipe.joins]
+            now = time.time()
+            for join in pipe.joins.values():  # F8: a service feed goes with its last join
+                feed = self.cache.feeds.get(join.feed)
+                service = feed is not None and feed.type == "service" and not feed.configured
+                if feed is not None and service and set(feed.joins) <= set(pipe.joins):
+                    fields += self._feed_gone(feed, now)
+            return fields, None
+
+        await self._change(build)
+        stream, state, tag = self.keys.pipe(key)
+        await self.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
+        self._wake(key)
+        for cursor in list(self._cursors):
+            if cursor.pipe == key:
+                cursor.end("deleted")
+
+    async def create_join(
+        self, principal: str | None, pipe: str, spec: JoinSpec
+    ) -> tuple[JoinInfo, bool]:
+        await self._pipe(principal, pipe)
+        await self._fresh()
+        key = names.new_hash()
+
+        def build() -> tuple[Fields, tuple[str, bool]]:
+            found = self.cache.pipes.get(pipe)
+            if found is None:
+                raise NotFound(HIDDEN)
+            feed = self.cache.feed_at(spec.feed_path)
+            if feed.name is None and principal is not None and feed.owner != principal:
+                raise BadRequest(f"join names no existing feed: {spec.feed_path}")
+            if feed.key == DEFAULT_FEED and feed.configured:
+                default = next((j for j in found.joins.values() if j.is_default), None)
+                if default is not None and spec.address == pipe and not spec.headers:
+                    return [], (default.key, False)
+                raise Forbidden("the default feed takes no joins besides each pipe's default join")
+            if found.type == "ondemand" and feed.type not in QUEUEING_TYPES:
+                raise Forbidden("ondemand pipes may only join rotator or service feeds")
+            identity = (feed.key, spec.type, spec.address, tuple(sorted(spec.headers)))
+            for join in found.joins.values():
+                if (join.feed, join.type, join.address, tuple(sorted(join.headers))) == identity:
+                    return [], (join.key, False)
+            from ..routing import matcher
+
+            matcher(feed.type, spec.address, spec.headers)  # 400 for a bad pattern
+            now = time.time()
+            made = JoinRec(
+                key=key,
+                pipe=pipe,
+                feed=feed.key,
+                type=spec.type,
+                address=spec.address,
+                headers=spec.headers,
+                modified=now,
+            )
+            fields: Fields = [(field_of(made), encode(made))]
+            fields += self._pipes_touched({pipe}, now)
+            return fields, (key, True)
+
+        made, created = await self._change(build)
+        join = self.cache.joins[made]
+        if created:
+            feed = self.cache.feeds.get(join.feed)
+            if feed is not None and feed.type in QUEUEING_TYPES:
+                await self._drain(feed)
+        return self._join_info(join), created
+
+    async def delete_join(self, principal: str | None, key: str) -> None:
+        await self._join(principal, key)
+
+        def build() -> tuple[Fields, None]:
+            join = self.cache.joins.get(key)
+            if join is None:
+                raise NotFound(HIDDEN)
+            if join.is_default:
+                raise Forbidden("a pipe's default join cannot be deleted")
+            now = time.time()
+            fields: Fields = [(f"j:{key}", None)]
+            fields += self._pipes_touched({join.pipe}, now)
+            feed = self.cache.feeds.get(join.feed)
+            if (
+                feed is not None
+                and feed.type == "service"
+                and not feed.configured
+                and set(feed.joins) == {key}
+            ):
+                fields += self._feed_gone(feed, now)
+            return fields, None
+
+        await self._change(build)
+
+    # ------------------------------------------------------------ staged contents
+    async def stage(self, principal: str, feed: str, data: bytes, content_type: str) -> StagedInfo:
+        target = await self._feed(principal, feed)
+        key = names.new_hash()
+        now = time.time()
+        ttl = self.config.staged_ttl
+        await self.link.call(
+            self.keys.cat, "SET", self.keys.staged(key), data, "PX", int(ttl * 1000), write=True
+        )
+        made = StagedRec(
+            key=key,
+            feed=target.key,
+            content_type=content_type,
+            size=len(data),
+            owner=principal,
+            modified=now,
+            expires=now + ttl,
+        )
+        await self._change(lambda: ([(field_of(made), encode(made))], None))
+        self.counters.staged += 1
+        return staged_info(made, target.name is not None, target.domain)
+
+    async def staged(self, principal: str | None, key: str) -> tuple[StagedInfo, Blob]:
+        found = await self._staged(principal, key)
+        data = await self.link.call(self.keys.cat, "GET", self.keys.staged(key))
+        if data is None:
+            raise NotFound(HIDDEN)
+        feed = self.cache.feeds.get(found.feed)
+        info = staged_info(
+            found, feed is None or feed.name is not None, feed.domain if feed else ""
+        )
+        return info, Blob(data=data, content_type=found.content_type)
+
+    async def delete_staged(self, principal: str | None, key: str) -> None:
+        await self._staged(principal, key)
+        await self._change(lambda: ([(f"s:{key}", None)], None))
+        await self.link.call(self.keys.cat, "UNLINK", self.keys.staged(key), write=True)
+
+    # ------------------------------------------------------------ publishing
+    async def publish(
+        self,
+        principal: str,
+        feed: str,
+        messages: Sequence[MessageSpec],
+        *,
+        via: str | None = None,
+    ) -> PublishResult:
+        from .publishing import publish
+
+        return await publish(self, principal, feed, messages)
+
+    async def publish_counts(
+        self, principal: str, feed: str, messages: Sequence[MessageSpec]
+    ) -> tuple[int, ...]:
+        return (await self.publish(principal, feed, messages)).counts
+
+    async def room(
+        self, principal: str, feed: str, messages: Sequence[MessageSpec], *, wait: float = 0.0
+    ) -> int:
+        from .publishing import room
+
+        return await room(self, principal, feed, messages, wait)
+
+    async def _drain(self, feed: FeedRec) -> None:
+        from .publishing import drain
+
+        await drain(self, feed)
+
+    # ------------------------------------------------------------ reading
+    async def _range(self, pipe: str, first: int, count: int, use: bool = True) -> list[Any]:
+        """The pipe's figures and up to ``count`` messages from ``first`` (0: the oldest):
+        asynclet, expired now, oldest, held, then five items a message."""
+        stream, state, tag = self.keys.pipe(pipe)
+        reply = await self.link.call(
+            tag,
+            "FCALL",
+            _R + "range",
+            2,
+            stream,
+            state,
+            first,
+            count,
+            int(time.time() * 1000),
+            int(use),
+            write=True,
+        )
+        if reply[1]:
+            self.counters.expired += int(reply[1])
+        return list(reply)
+
+    def _messages(self, pipe: str, reply: list[Any]) -> list[Message]:
+        return [
+            decode_message(pipe, reply[i], reply[i + 1], reply[i + 2], reply[i + 3], reply[i + 4])
+            for i in range(4, len(reply), 5)
+        ]
+
+    async def listing(self, principal: str | None, pipe: str) -> Listing:
+        found = await self._pipe(principal, pipe)
+        cap = self.config.listing_cap
+        reply = await self._range(found.key, 0, cap + 1)
+        held = self._messages(found.key, reply)
+        capped = len(held) > cap
+        return Listing(messages=tuple(held[:cap]), asynclet=None if capped else reply[0])
+
+    async def _listen(self, index: int) -> None:
+        if index not in self._listening:
+            await self._subscriber.subscribe(self.keys.tag(index))
+            self._listening.add(index)
+
+    def _watch(self, pipe: str) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._waiters[pipe].add(future)
+        return future
+
+    def _unwatch(self, pipe: str, future: asyncio.Future[bool]) -> None:
+        waiters = self._waiters.get(pipe)
+        if waiters is not None:
+            waiters.discard(future)
+            if not waiters:
+                del self._waiters[pipe]
+
+    def waiting(self, pipe: str) -> int:
+        return len(self._waiters.get(pipe, ()))
+
+    async def read(
+        self,
+        principal: str | None,
+        pipe: str,
+        position: int,
+        *,
+        wait: float = 0.0,
+        lease: bool = False,
+    ) -> Message | None:
+        found = await self._pipe(principal, pipe)
+        deadline = time.monotonic() + wait
+        if wait > 0:
+            if self._closing:
+                raise self._unavailable()
+            await self._listen(bucket(pipe))
+        while True:
+            future = self._watch(pipe) if wait > 0 else None
+            try:
+                reply = await self._range(pipe, position, 1)
+                if reply[0] != position:
+                    if _first(reply) != position:
+                        raise NotFound("no message at that position")
+                    got = self._messages(pipe, reply)[0]
+                    if lease:
+                        await self._lease(found, got)
+                    return got
+                remaining = deadline - time.monotonic()
+                if future is None or remaining <= 0:
+                    return None
+                await asyncio.wait({future}, timeout=remaining)
+                if self._closing:
+                    raise self._unavailable()
+                if pipe not in self.cache.pipes:
+                    raise NotFound(HIDDEN)
+            finally:
+                if future is not None:
+                    self._unwatch(pipe, future)
+
+    async def _lease(self, pipe: PipeRec, message: Message) -> None:
+        """A delivery: unless acknowledged within the pipe's lease it comes back."""
+        self.counters.delivered += 1
+        self.latency.observe(max(0.0, time.time() - message.arrived))
+        settings = self.settings(pipe)
+        if settings.lease <= 0:
+            return
+        index = bucket(pipe.key)
+        leases, _lock = self.keys.leases(index)
+        due = int((time.time() + settings.lease) * 1000)
+        await self.link.call(
+            self.keys.tag(index), "ZADD", leases, due, f"{pipe.key} {message.position}", write=True
+        )
+        self._leased_buckets.add(index)
+
+    async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
+        found = await self._pipe(principal, pipe)
+        reply = await self._range(found.key, position, 1)
+        if _first(reply) != position:
+            return None
+        return self._messages(found.key, reply)[0]
+
+    async def ack(self, principal: str | None, pipe: str, position: int) -> int:
+        found = await self._pipe(principal, pipe)
+        return await self._ack(found.key, position)
+
+    async def _ack(self, pipe: str, position: int, durable: bool = True, use: bool = True) -> int:
+        stream, state, tag = self.keys.pipe(pipe)
+        now = int(time.time() * 1000) if use else 0
+        removed = int(
+            await self.link.call(
+                tag,
+                "FCALL",
+                _R + "ack",
+                2,
+                stream,
+                state,
+                tag,
+                position,
+                now,
+                write=True,
+                durable=durable,
+            )
+        )
+        self.counters.acknowledged += removed
+        self._wake(pipe)
+        return removed
+
+    async def content(self, principal: str | None, ref: ContentRef) -> Blob:
+        message = await self.look(principal, ref.pipe, ref.position)
+        if message is None or not 0 <= ref.index < len(message.parts):
+            raise NotFound("no such content")
+        part = message.parts[ref.index]
+        if not isinstance(part, Blob):  # deleted, or embedded: nothing to fetch (D2)
+            raise NotFound("no such content")
+        return part
+
+    async def delete_content(self, principal: str | None, ref: ContentRef) -> None:
+        await self._pipe(principal, ref.pipe)
+        stream, state, tag = self.keys.pipe(ref.pipe)
+        await self.link.call(
+            tag,
+            "FCALL",
+            _R + "delete_content",
+            2,
+            stream,
+            state,
+            ref.position,
+            ref.index,
+            write=True,
+        )
+
+    async def dead_letter(
+        self,
+        principal: str | None,
+        pipe: str,
+        position: int,
+        reason: str,
+        *,
+        feed: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> bool:
+        from .publishing import dead_letter
+
+        found = await self._pipe(principal, pipe)
+        stream, state, tag = self.keys.pipe(found.key)
+        taken = await self.link.call(
+            tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+        )
+        if not taken:
+            raise NotFound("no message at that position")
+        return await dead_letter(self, found, taken[0], reason, headers, feed)
+
+    def cursor(
+        self,
+        principal: str | None,
+        pipe: str,
+        after: int = 0,
+        *,
+        lease: bool = False,
+        via: str | None = None,
+    ) -> RedisCursor:
+        return RedisCursor(self, principal, pipe, after, lease)
+
+    # ------------------------------------------------------------ upkeep
+    async def _sweeper(self) -> None:
+        every = 0.0
+        while True:
+            await asyncio.sleep(self._sweep_interval)
+            every += self._sweep_interval
+            try:
+                if every >= FULL_SWEEP:
+                    every = 0.0
+                    buckets = set(range(BUCKETS))
+                else:
+                    buckets = set(self._leased_buckets)
+                for index in buckets:
+                    await self._sweep(index)
+                if self._events is not None:
+                    self._events.flush()
+                if not every:
+                    await self._expire_staged()
+                    await self._collect_idle()
+            except ServiceUnavailable as exc:
+                log.warning("sweep failed: %s", exc.reason)
+
+    async def _sweep(self, index: int) -> None:
+        from .publishing import dead_letter
+
+        leases, lock = self.keys.leases(index)
+        tag = self.keys.tag(index)
+        lock_ms = max(1, int(self._sweep_interval * 1000 / 2))
+        reply = await self.link.call(
+            tag,
+            "FCALL",
+            _R + "sweep",
+            2,
+            leases,
+            lock,
+            tag,
+            int(time.time() * 1000),
+            lock_ms,
+            tag,
+            write=True,
+        )
+        for i in range(0, len(reply), 5):
+            pipe, moved, data, times = reply[i].decode(), reply[i + 2], reply[i + 3], reply[i + 4]
+            self.counters.redelivered += 1
+            self._wake(pipe)
+            found = self.cache.pipes.get(pipe)
+            if not moved and found is not None:
+                why = (("x-delivery-count", str(times)),)
+                await dead_letter(self, found, data, "max-deliveries", why, None)
+
+    async def _collect_idle(self) -> None:
+        """Q1: pipes nobody used for ``pipe_idle_timeout`` go; a pipe a cursor of this
+        engine holds open is used now (its reader makes no requests)."""
+        timeout = self.config.pipe_idle_timeout
+        if timeout <= 0:
+            return
+        now = int(time.time() * 1000)
+        held = {c.pipe for c in self._cursors if c.ended is None}
+        by_tag: dict[str, list[str]] = defaultdict(list)
+        for key in self.cache.pipes:
+            by_tag[self.keys.tag(bucket(key))].append(key)
+        for tag, here in by_tag.items():
+            commands: list[tuple[Any, ...]] = []
+            for key in here:
+                state = self.keys.pipe(key)[1]
+                if key in held:
+                    commands.append(("HSET", state, "at", now))
+                else:
+                    commands.append(("HGET", state, "at"))
+            replies = await self.link.batch(tag, commands, write=True)
+            for key, at in zip(here, replies, strict=True):
+                if key not in held and now - int(at or 0) > timeout * 1000:
+                    await self._drop_pipe(key)
+                    self.counters.collected += 1
+
+    async def _expire_staged(self) -> None:
+        now = time.time()
+        gone = [s.key for s in self.cache.staged.values() if s.expires <= now]
+        if gone:
+
+            def build() -> tuple[Fields, None]:
+                return [(f"s:{k}", None) for k in gone if k in self.cache.staged], None
+
+            await self._change(build)
+            self.counters.staged_expired += len(gone)
+
+    # ------------------------------------------------------------ statistics and admin
+    async def stats(self) -> Stats:
+        from dataclasses import asdict
+
+        return Stats(
+            counters=tuple(asdict(self.counters).items()),
+            census=await self._census(),
+            latency=Histogram(
+                bounds=LATENCY_BOUNDS,
+                counts=tuple(self.latency.counts),
+                total=self.latency.total,
+            ),
+            closing=self._closing,
+            store=StoreStats(
+                kind="redis-cluster",
+                running=not self._closed,
+                failing=self.link.failing,
+                commits=self.link.commits,
+                batches=self.link.commits,
+                failures=self.link.failures,
+                commit_seconds=self.link.commit_seconds,
+                waiting=0,
+            ),
+        )
+
+    async def _census(self) -> Census:
+        pipes: dict[str, int] = {}
+        messages = deepest = held_bytes = 0
+        if not self._closed:
+            for pipe in list(self.cache.pipes.values()):
+                pipes[pipe.type] = pipes.get(pipe.type, 0) + 1
+                stream, state, tag = self.keys.pipe(pipe.key)
+                held, size = await self.link.batch(
+                    tag, [("XLEN", stream), ("HGET", state, "bytes")], write=False
+                )
+                messages += held
+                deepest = max(deepest, held)
+                held_bytes += int(size or 0)
+        queued = queued_bytes = 0
+        if not self._closed:
+            from .publishing import queued as queue_of
+
+            for feed in list(self.cache.feeds.values()):
+                if feed.type in QUEUEING_TYPES:
+                    count, size = await queue_of(self, feed)
+                    queued += count
+                    queued_bytes += size
+        return Census(
+            feeds=sum(1 for f in self.cache.feeds.values()),
+            pipes=tuple(sorted(pipes.items())),
+            joins=len(self.cache.joins),
+            messages=messages,
+            on_disk=0,
+            deepest=deepest,
+            queued=queued,
+            queued_bytes=queued_bytes,
+            queued_on_disk=0,
+            staged_bytes=sum(s.size for s in self.cache.staged.values()),
+            held_bytes=held_bytes,
+            webhook_pipes=sum(1 for p in self.cache.pipes.values() if p.type == "webhook"),
+        )
+
+    async def readiness(self, timeout: float) -> Readiness:
+        if self._closing:
+            return Readiness(problems=("the engine is shutting down",), checked=())
+        try:
+            await asyncio.wait_for(self._probe(), timeout)
+        except (ServiceUnavailable, TimeoutError) as exc:
+            why = exc.reason if isinstance(exc, ServiceUnavailable) else "timed out"
+            return Readiness(problems=(f"the Redis Cluster does not commit: {why}",), checked=())
+        return Readiness(problems=(), checked=("the Redis Cluster commits (a test write)",))
+
+    async def _probe(self) -> None:
+        probe = f"{{{self.keys.ns}:probe}}"
+        await self.link.call(probe, "SET", probe, "1", "PX", 60_000, write=True, durable=True)
+
+    def mirror_to(self, sink: MirrorSink | None) -> None:
+        self._mirror = sink
+
+    async def pipe_states(self) -> tuple[PipeState, ...]:
+        return tuple([await self.pipe_state(None, key) for key in list(self.cache.pipes)])
+
+    async def pipe_state(self, principal: str | None, key: str) -> PipeState:
+        found = await self._pipe(principal, key)
+        info = await self._pipe_info(found, use=False)
+        _stream, state, tag = self.keys.pipe(key)
+        size = await self.link.call(tag, "HGET", state, "bytes")
+        return PipeState(
+            info=info,
+            on_disk=0,
+            bytes=int(size or 0),
+            waiting=self.waiting(key),
+            pinned=any(c.pipe == key and c.ended is None for c in self._cursors),
+            webhook=None if info.webhook is None else info.webhook.state,
+        )
+
+    async def purge(self, principal: str | None, pipe: str) -> int:
+        found = await self._pipe(principal, pipe)
+        reply = await self._range(found.key, 0, 0, use=False)
+        return await self._ack(found.key, reply[0] - 1, use=False)
+
+    async def inventory(self) -> Inventory:
+        feeds = self.cache.feeds.values()
+        return Inventory(
+            domains=len(self.cache.domains),
+            public_feeds=sum(1 for f in feeds if f.name is not None),
+            private_feeds=sum(1 for f in feeds if f.name is None),
+            pipes=len(self.cache.pipes),
+            joins=len(self.cache.joins),
+            staged=len(self.cache.staged),
+        )
+
+    # ------------------------------------------------------------ webhooks
+    def watch_webhooks(self, listener: Callable[[str, Webhook | None], None] | None) -> None:
+        self._hook_listener = listener
+
+    async def webhooks(self) -> tuple[Webhook, ...]:
+        return tuple(
+            [
+                await self.webhook(p.key)
+                for p in list(self.cache.pipes.values())
+                if p.type == "webhook"
+            ]
+        )
+
+    async def webhook(self, pipe: str) -> Webhook:
+        if self._closing:
+            raise self._unavailable()
+        found = await self._pipe(None, pipe)
+        settings = self.settings(found)
+        if settings.webhook is None:
+            raise NotFound(HIDDEN)
+        from ..webhook import Hook
+
+        return webhook(found, Hook(settings.webhook))
+
+    async def webhook_attempts(self, pipe: str, position: int) -> WebhookAttempts | None:
+        raise _not_yet()
+
+    async def webhook_verified(self, pipe: str, ok: bool, status: str, error: str) -> None:
+        raise _not_yet()
+
+    async def webhook_delivered(self, pipe: str, position: int, status: str) -> bool:
+        raise _not_yet()
+
+    async def webhook_failed(
+        self, pipe: str, position: int, attempt: int, status: str, error: str, retry_at: float
+    ) -> bool:
+        raise _not_yet()
+
+    async def webhook_give_up(self, pipe: str, position: int, reason: str) -> None:
+        raise _not_yet()
+
+    async def webhook_gone(self, pipe: str, position: int, status: str) -> bool:
+        raise _not_yet()
+
+
+class _SystemFeed:
+    """What :class:`feeds.events.Events` looks at of its feed: its name and whether
+    anyone is joined to it (the cache's record, as it is now)."""
+
+    def __init__(self, cache: Cache, name: str) -> None:
+        self.cache = cache
+        self.key = name
+        self.deleted = False
+
+    @property
+    def joins(self) -> dict[str, JoinRec]:
+        feed = self.cache.feeds.get(self.key)
+        return {} if feed is None else feed.joins
+
+
+def _not_yet() -> ServiceUnavailable:
+    return ServiceUnavailable("webhook delivery state is not kept by the Redis engine yet")
+
+
+def _first(reply: list[Any]) -> int:
+    """The position of the first message a range reply holds (0: none)."""
+    return int(reply[4]) if len(reply) > 4 else 0
+
+
+if TYPE_CHECKING:  # the type checker proves the Redis engine is the whole service
+    _CONFORMS: EngineService = RedisEngine(EngineConfig(), "restms")

@@ -1,0 +1,88 @@
+"""Two Redis engines on one namespace, as two gateway nodes on one cluster (issue 24):
+what one does, the other sees, with no stickiness. Redis-only: the embedded engine is
+one process per data directory by design."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator
+
+import pytest
+from blockbuster import BlockBuster
+
+from feeds.config import EngineConfig
+from feeds.redis import RedisEngine
+from restms.errors import NotFound
+
+from .conftest import SWEEP, forget_namespace
+from .helpers import ME, join, msg, new_feed, new_pipe, publish, text, texts
+
+
+@pytest.fixture
+async def nodes(blockbuster: BlockBuster) -> AsyncIterator[tuple[RedisEngine, RedisEngine]]:
+    namespace = f"restms-test-{secrets.token_hex(6)}"
+    config = EngineConfig(lease=0.1)
+    made = [RedisEngine.open(config, namespace, sweep_interval=SWEEP) for _ in range(2)]
+    for engine in made:
+        await engine.start()
+    yield made[0], made[1]
+    for engine in made:
+        await engine.close()
+    await forget_namespace(namespace)
+
+
+async def test_a_read_waiting_on_one_node_wakes_for_a_publish_on_the_other(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    first, second = nodes
+    feed = await new_feed(first, "news", "fanout")
+    pipe = await new_pipe(first)
+    await join(first, pipe, feed)
+    reader = asyncio.create_task(first.read(ME, pipe.key, 1, wait=5.0))
+    await asyncio.sleep(0.05)
+    assert not reader.done()
+    # the second node never saw these resources: it routes with what the first made
+    assert await publish(second, await second.feed(ME, "news"), msg("across")) == [1]
+    got = await asyncio.wait_for(reader, 2.0)
+    assert got is not None
+    assert (got.position, text(got)) == (1, "across")
+    assert await second.ack(ME, pipe.key, 1) == 1
+    assert await texts(first, pipe) == []
+
+
+async def test_a_change_on_one_node_reaches_the_others_cache(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    first, second = nodes
+    seen = await second.feed(ME, "default")
+    await new_feed(first, "sport")
+    domain = await second.domain("default")
+    waiter = asyncio.create_task(second.changed(None, domain, 5.0))
+    await asyncio.sleep(0.05)
+    await new_feed(first, "weather")
+    changed = await asyncio.wait_for(waiter, 2.0)
+    assert changed is not None
+    assert "weather" in changed.feeds
+    assert seen.key == "default"
+    pipe = await new_pipe(second)
+    reading = asyncio.create_task(first.read(ME, pipe.key, 1, wait=5.0))
+    await asyncio.sleep(0.05)
+    await second.delete_pipe(ME, pipe.key)
+    with pytest.raises(NotFound):  # the waiting read on the other node ends (A6)
+        await asyncio.wait_for(reading, 2.0)
+
+
+async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    first, second = nodes
+    feed = await new_feed(first, "jobs", "fanout")
+    pipe = await new_pipe(first)
+    await join(first, pipe, feed)
+    await publish(first, feed, msg("job"))
+    assert await first.read(ME, pipe.key, 1, lease=True) is not None
+    await first.close()  # the node that leased it is gone: another sweeps its bucket
+    again = await second.read(ME, pipe.key, 2, wait=5.0)
+    assert again is not None
+    assert (text(again), again.redeliveries) == ("job", 1)
