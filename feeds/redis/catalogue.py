@@ -104,9 +104,7 @@ def encode(record: FeedRec | PipeRec | JoinRec | StagedRec | DomainRec) -> bytes
 
 
 def _kind(record: object) -> str:
-    return {FeedRec: "f", PipeRec: "p", JoinRec: "j", StagedRec: "s", DomainRec: "d"}[
-        type(record)
-    ]
+    return {FeedRec: "f", PipeRec: "p", JoinRec: "j", StagedRec: "s", DomainRec: "d"}[type(record)]
 
 
 def field_of(record: FeedRec | PipeRec | JoinRec | StagedRec | DomainRec) -> str:

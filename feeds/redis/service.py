@@ -33,16 +33,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import secrets
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from restms import names
 from restms.errors import (
     BadRequest,
-    Forbidden,
     NotFound,
     ServiceUnavailable,
 )
@@ -55,18 +52,16 @@ from restms.specs import (
     Update,
 )
 
-from ..config import DEFAULT_FEED, LATENCY_BOUNDS, Counters, EngineConfig, Latency
+from ..config import DEFAULT_FEED, Counters, EngineConfig, Latency
 from ..events import Events
 from ..model import Feed
 from ..routing import QUEUEING_TYPES
 from ..service import (
     Blob,
-    Census,
     ContentRef,
     DomainInfo,
     EngineService,
     FeedInfo,
-    Histogram,
     Inventory,
     JoinInfo,
     Listing,
@@ -81,25 +76,20 @@ from ..service import (
     Slot,
     StagedInfo,
     Stats,
-    StoreStats,
     SystemEvents,
     Watched,
     Webhook,
     WebhookAttempts,
 )
+from . import admin, publishing, resources, upkeep
 from .catalogue import (
-    BUCKETS,
     Cache,
-    DomainRec,
     FeedRec,
     JoinRec,
     Keys,
     PipeRec,
     StagedRec,
     bucket,
-    encode,
-    field_of,
-    replace,
 )
 from .cursor import RedisCursor
 from .link import Link, Subscriber
@@ -110,17 +100,16 @@ from .values import (
     feed_info,
     join_info,
     pipe_info,
-    staged_info,
     webhook,
 )
 
 log = logging.getLogger(__name__)
 HIDDEN = "no such resource"
+CLOSE_WAIT = 5.0  # seconds each step of closing may take
 NODES = (("127.0.0.1", 7101), ("127.0.0.1", 7102), ("127.0.0.1", 7103))
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
 _R = "restms_v1_"  # the function library's prefix (library.lua)
-FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
 
 
 class RedisEngine:
@@ -180,7 +169,7 @@ class RedisEngine:
         await self._subscriber.subscribe(self.keys.cat)
         await self._sync()
         loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._sweeper(), name="redis-engine-sweeper"))
+        self._tasks.append(loop.create_task(upkeep.sweeper(self), name="redis-engine-sweeper"))
 
     def shutdown(self) -> None:
         self._closing = True
@@ -198,24 +187,27 @@ class RedisEngine:
         self._closed = True
         if self._announcing:  # announcements on their way: a moment to land
             await asyncio.wait(list(self._announcing), timeout=1.0)
+        await self._stop()
+
+    async def _stop(self) -> None:
+        """End the tasks and drop the connections, each step bounded: a close never
+        hangs on a cluster that stopped answering."""
         tasks, self._tasks = [*self._tasks, *self._announcing], []
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._subscriber.close()
-        await self.link.close()
+        steps = (asyncio.gather(*tasks, return_exceptions=True), self._subscriber.close())
+        for step in (*steps, self.link.close()):
+            try:
+                await asyncio.wait_for(step, CLOSE_WAIT)
+            except TimeoutError:
+                log.warning("closing the engine: a step took over %s s, left behind", CLOSE_WAIT)
 
     async def crash(self) -> None:
         """Stop as a killed process would (tests): its tasks end where they are and its
         connections drop, as the system would drop a dead process's sockets; nothing
         is finished or said goodbye to."""
         self._closing = self._closed = True
-        tasks, self._tasks = [*self._tasks, *self._announcing], []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        await self._subscriber.close()
-        await self.link.close()
+        await self._stop()
 
     @property
     def events(self) -> SystemEvents | None:
@@ -232,12 +224,13 @@ class RedisEngine:
     ) -> int:
         """Route one system event (feeds.events): in the background, as announcements
         never wait."""
-        from .publishing import announce
 
         system = self.cache.feeds.get(self.config.system_feed)
         if system is None or self._closing:
             return 0
-        task = asyncio.get_running_loop().create_task(announce(self, system, spec, parts, now))
+        task = asyncio.get_running_loop().create_task(
+            publishing.announce(self, system, spec, parts, now)
+        )
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
         return 1
@@ -437,9 +430,8 @@ class RedisEngine:
         made = self._feed_info(feed)
         if feed.type not in QUEUEING_TYPES:
             return made
-        from .publishing import queued
 
-        count, _size = await queued(self, feed)
+        count, _size = await publishing.queued(self, feed)
         return dataclasses.replace(made, queued=count)
 
     async def feeds(self, domain: str) -> tuple[FeedInfo, ...]:
@@ -555,309 +547,44 @@ class RedisEngine:
         return await self.join(principal, value.key)
 
     # ------------------------------------------------------------ changes
-    def _domain_touched(self, name: str, now: float) -> tuple[str, bytes]:
-        domain = self.cache.domains[name]
-        made = DomainRec(name=name, title=domain.title, version=domain.version + 1, modified=now)
-        return field_of(made), encode(made)
 
     async def create_feed(
         self, principal: str, domain: str, spec: FeedSpec
     ) -> tuple[FeedInfo, bool]:
-        if domain not in self.cache.domains:
-            raise NotFound(f"no domain named {domain!r}")
-        key = spec.name if spec.name is not None else names.new_hash()
-
-        def build() -> tuple[Fields, tuple[str, bool]]:
-            if spec.name is not None and spec.name in self.cache.feeds:
-                return [], (spec.name, False)
-            now = time.time()
-            feed = FeedRec(
-                key=key,
-                name=spec.name,
-                type=spec.type,
-                title=spec.title,
-                license=spec.license,
-                domain=domain,
-                owner=principal,
-                modified=now,
-            )
-            fields: Fields = [(field_of(feed), encode(feed))]
-            if spec.name is not None:
-                fields.append(self._domain_touched(domain, now))
-            return fields, (key, True)
-
-        if spec.name is not None:
-            await self._fresh()
-        made, created = await self._change(build)
-        return self._feed_info(self.cache.feeds[made]), created
+        return await resources.create_feed(self, principal, domain, spec)
 
     async def update_feed(self, principal: str | None, key: str, update: Update) -> FeedInfo:
-        await self._feed(principal, key)
-
-        def build() -> tuple[Fields, None]:
-            feed = self.cache.feeds.get(key)
-            if feed is None:
-                raise NotFound(f"no feed named {key!r}")
-            if feed.configured:
-                raise Forbidden("configured feeds cannot be changed")
-            if principal is not None and feed.owner != principal:
-                raise Forbidden("only its creator may change a public feed")
-            if update.name and update.name != (feed.name or ""):
-                raise Forbidden("a feed's name cannot be changed")
-            if update.type and update.type != feed.type:
-                raise Forbidden("a feed's type cannot be changed")
-            made = replace(
-                feed,
-                title=update.title or None,
-                license=update.license or None,
-                modified=time.time(),
-            )
-            return [(field_of(made), encode(made))], None
-
-        await self._change(build)
-        return self._feed_info(self.cache.feeds[key])
+        return await resources.update_feed(self, principal, key, update)
 
     async def delete_feed(self, principal: str | None, key: str) -> None:
-        await self._feed(principal, key)
-
-        def build() -> tuple[Fields, None]:
-            feed = self.cache.feeds.get(key)
-            if feed is None:
-                raise NotFound(f"no feed named {key!r}")
-            if feed.configured:
-                raise Forbidden("configured feeds cannot be deleted")
-            if principal is not None and feed.owner != principal:
-                raise Forbidden("only its creator may delete a public feed")
-            return self._feed_gone(feed, time.time()), None
-
-        await self._change(build)
-
-    def _feed_gone(self, feed: FeedRec, now: float) -> Fields:
-        fields: Fields = [(f"f:{feed.key}", None)]
-        fields += [(f"j:{j}", None) for j in feed.joins]
-        fields += self._pipes_touched({j.pipe for j in feed.joins.values()}, now)
-        fields += [(f"s:{s.key}", None) for s in self.cache.staged.values() if s.feed == feed.key]
-        if feed.name is not None:
-            fields.append(self._domain_touched(feed.domain, now))
-        return fields
-
-    def _pipes_touched(self, pipes: set[str], now: float) -> Fields:
-        fields: Fields = []
-        for key in pipes:
-            pipe = self.cache.pipes.get(key)
-            if pipe is not None:
-                made = replace(pipe, modified=now)
-                fields.append((field_of(made), encode(made)))
-        return fields
+        await resources.delete_feed(self, principal, key)
 
     async def create_pipe(self, principal: str, domain: str, spec: PipeSpec) -> PipeInfo:
-        if domain not in self.cache.domains:
-            raise NotFound(f"no domain named {domain!r}")
-        options = spec.options
-        config = self.config
-        for name, asked, most in (
-            ("max_messages", options.max_messages, config.max_pipe_messages),
-            ("max_bytes", options.max_bytes, config.max_pipe_bytes),
-        ):
-            if asked is not None and asked > most:
-                raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
-        if options.dead_letter:
-            await self._fresh()
-            try:
-                self.cache.feed_at(options.dead_letter)
-            except BadRequest:
-                raise BadRequest(
-                    f"pipe dead_letter names no existing feed: {options.dead_letter}"
-                ) from None
-        hook = options.webhook
-        if hook is not None:
-            if hook.secret is None:
-                hook = dataclasses.replace(hook, secret=secrets.token_urlsafe(32))
-                options = dataclasses.replace(options, webhook=hook)
-            config.webhooks.fill(hook)  # 400 above a maximum
-        key = names.new_hash()
-        now = time.time()
-        pipe = PipeRec(
-            key=key,
-            type=spec.type,
-            title=spec.title,
-            domain=domain,
-            owner=principal,
-            options=options.given(),
-            modified=now,
-        )
-        settings = self.settings(pipe)
-        _stream, state, tag = self.keys.pipe(key)
-        await self.link.call(
-            tag, "HSET", state, "md", settings.max_deliveries, "at", int(now * 1000), write=True
-        )
-        fields: Fields = [(field_of(pipe), encode(pipe))]
-        if spec.type != "ondemand":
-            default = JoinRec(
-                key=names.new_hash(),
-                pipe=key,
-                feed=DEFAULT_FEED,
-                address=key,
-                is_default=True,
-                modified=now,
-            )
-            fields.append((field_of(default), encode(default)))
-        await self._change(lambda: (fields, None))
-        return await self._pipe_info(self.cache.pipes[key])
+        return await resources.create_pipe(self, principal, domain, spec)
 
     async def update_pipe(self, principal: str | None, key: str, update: Update) -> PipeInfo:
-        await self._pipe(principal, key)
-
-        def build() -> tuple[Fields, None]:
-            pipe = self.cache.pipes.get(key)
-            if pipe is None:
-                raise NotFound(HIDDEN)
-            if update.type is not None and update.type not in ("", pipe.type, "fifo"):
-                raise Forbidden("a pipe's type cannot be changed")
-            made = replace(pipe, title=update.title or None, modified=time.time())
-            return [(field_of(made), encode(made))], None
-
-        await self._change(build)
-        return await self.pipe(principal, key)
+        return await resources.update_pipe(self, principal, key, update)
 
     async def delete_pipe(self, principal: str | None, key: str) -> None:
-        await self._pipe(principal, key)
-        await self._drop_pipe(key)
-
-    async def _drop_pipe(self, key: str) -> None:
-        def build() -> tuple[Fields, None]:
-            pipe = self.cache.pipes.get(key)
-            if pipe is None:
-                return [], None
-            fields: Fields = [(f"p:{key}", None)]
-            fields += [(f"j:{j}", None) for j in pipe.joins]
-            now = time.time()
-            for join in pipe.joins.values():  # F8: a service feed goes with its last join
-                feed = self.cache.feeds.get(join.feed)
-                service = feed is not None and feed.type == "service" and not feed.configured
-                if feed is not None and service and set(feed.joins) <= set(pipe.joins):
-                    fields += self._feed_gone(feed, now)
-            return fields, None
-
-        await self._change(build)
-        stream, state, tag = self.keys.pipe(key)
-        await self.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
-        self._wake(key)
-        for cursor in list(self._cursors):
-            if cursor.pipe == key:
-                cursor.end("deleted")
+        await resources.delete_pipe(self, principal, key)
 
     async def create_join(
         self, principal: str | None, pipe: str, spec: JoinSpec
     ) -> tuple[JoinInfo, bool]:
-        await self._pipe(principal, pipe)
-        await self._fresh()
-        key = names.new_hash()
-
-        def build() -> tuple[Fields, tuple[str, bool]]:
-            found = self.cache.pipes.get(pipe)
-            if found is None:
-                raise NotFound(HIDDEN)
-            feed = self.cache.feed_at(spec.feed_path)
-            if feed.name is None and principal is not None and feed.owner != principal:
-                raise BadRequest(f"join names no existing feed: {spec.feed_path}")
-            if feed.key == DEFAULT_FEED and feed.configured:
-                default = next((j for j in found.joins.values() if j.is_default), None)
-                if default is not None and spec.address == pipe and not spec.headers:
-                    return [], (default.key, False)
-                raise Forbidden("the default feed takes no joins besides each pipe's default join")
-            if found.type == "ondemand" and feed.type not in QUEUEING_TYPES:
-                raise Forbidden("ondemand pipes may only join rotator or service feeds")
-            identity = (feed.key, spec.type, spec.address, tuple(sorted(spec.headers)))
-            for join in found.joins.values():
-                if (join.feed, join.type, join.address, tuple(sorted(join.headers))) == identity:
-                    return [], (join.key, False)
-            from ..routing import matcher
-
-            matcher(feed.type, spec.address, spec.headers)  # 400 for a bad pattern
-            now = time.time()
-            made = JoinRec(
-                key=key,
-                pipe=pipe,
-                feed=feed.key,
-                type=spec.type,
-                address=spec.address,
-                headers=spec.headers,
-                modified=now,
-            )
-            fields: Fields = [(field_of(made), encode(made))]
-            fields += self._pipes_touched({pipe}, now)
-            return fields, (key, True)
-
-        made, created = await self._change(build)
-        join = self.cache.joins[made]
-        if created:
-            feed = self.cache.feeds.get(join.feed)
-            if feed is not None and feed.type in QUEUEING_TYPES:
-                await self._drain(feed)
-        return self._join_info(join), created
+        return await resources.create_join(self, principal, pipe, spec)
 
     async def delete_join(self, principal: str | None, key: str) -> None:
-        await self._join(principal, key)
-
-        def build() -> tuple[Fields, None]:
-            join = self.cache.joins.get(key)
-            if join is None:
-                raise NotFound(HIDDEN)
-            if join.is_default:
-                raise Forbidden("a pipe's default join cannot be deleted")
-            now = time.time()
-            fields: Fields = [(f"j:{key}", None)]
-            fields += self._pipes_touched({join.pipe}, now)
-            feed = self.cache.feeds.get(join.feed)
-            if (
-                feed is not None
-                and feed.type == "service"
-                and not feed.configured
-                and set(feed.joins) == {key}
-            ):
-                fields += self._feed_gone(feed, now)
-            return fields, None
-
-        await self._change(build)
+        await resources.delete_join(self, principal, key)
 
     # ------------------------------------------------------------ staged contents
     async def stage(self, principal: str, feed: str, data: bytes, content_type: str) -> StagedInfo:
-        target = await self._feed(principal, feed)
-        key = names.new_hash()
-        now = time.time()
-        ttl = self.config.staged_ttl
-        await self.link.call(
-            self.keys.cat, "SET", self.keys.staged(key), data, "PX", int(ttl * 1000), write=True
-        )
-        made = StagedRec(
-            key=key,
-            feed=target.key,
-            content_type=content_type,
-            size=len(data),
-            owner=principal,
-            modified=now,
-            expires=now + ttl,
-        )
-        await self._change(lambda: ([(field_of(made), encode(made))], None))
-        self.counters.staged += 1
-        return staged_info(made, target.name is not None, target.domain)
+        return await resources.stage(self, principal, feed, data, content_type)
 
     async def staged(self, principal: str | None, key: str) -> tuple[StagedInfo, Blob]:
-        found = await self._staged(principal, key)
-        data = await self.link.call(self.keys.cat, "GET", self.keys.staged(key))
-        if data is None:
-            raise NotFound(HIDDEN)
-        feed = self.cache.feeds.get(found.feed)
-        info = staged_info(
-            found, feed is None or feed.name is not None, feed.domain if feed else ""
-        )
-        return info, Blob(data=data, content_type=found.content_type)
+        return await resources.staged(self, principal, key)
 
     async def delete_staged(self, principal: str | None, key: str) -> None:
-        await self._staged(principal, key)
-        await self._change(lambda: ([(f"s:{key}", None)], None))
-        await self.link.call(self.keys.cat, "UNLINK", self.keys.staged(key), write=True)
+        await resources.delete_staged(self, principal, key)
 
     # ------------------------------------------------------------ publishing
     async def publish(
@@ -868,9 +595,8 @@ class RedisEngine:
         *,
         via: str | None = None,
     ) -> PublishResult:
-        from .publishing import publish
 
-        return await publish(self, principal, feed, messages)
+        return await publishing.publish(self, principal, feed, messages)
 
     async def publish_counts(
         self, principal: str, feed: str, messages: Sequence[MessageSpec]
@@ -880,14 +606,12 @@ class RedisEngine:
     async def room(
         self, principal: str, feed: str, messages: Sequence[MessageSpec], *, wait: float = 0.0
     ) -> int:
-        from .publishing import room
 
-        return await room(self, principal, feed, messages, wait)
+        return await publishing.room(self, principal, feed, messages, wait)
 
     async def _drain(self, feed: FeedRec) -> None:
-        from .publishing import drain
 
-        await drain(self, feed)
+        await publishing.drain(self, feed)
 
     # ------------------------------------------------------------ reading
     async def _range(self, pipe: str, first: int, count: int, use: bool = True) -> list[Any]:
@@ -1065,7 +789,6 @@ class RedisEngine:
         feed: str | None = None,
         headers: tuple[tuple[str, str], ...] = (),
     ) -> bool:
-        from .publishing import dead_letter
 
         found = await self._pipe(principal, pipe)
         stream, state, tag = self.keys.pipe(found.key)
@@ -1074,7 +797,7 @@ class RedisEngine:
         )
         if not taken:
             raise NotFound("no message at that position")
-        return await dead_letter(self, found, taken[0], reason, headers, feed)
+        return await publishing.dead_letter(self, found, taken[0], reason, headers, feed)
 
     def cursor(
         self,
@@ -1087,203 +810,27 @@ class RedisEngine:
     ) -> RedisCursor:
         return RedisCursor(self, principal, pipe, after, lease)
 
-    # ------------------------------------------------------------ upkeep
-    async def _sweeper(self) -> None:
-        every = 0.0
-        while True:
-            await asyncio.sleep(self._sweep_interval)
-            every += self._sweep_interval
-            try:
-                if every >= FULL_SWEEP:
-                    every = 0.0
-                    buckets = set(range(BUCKETS))
-                else:
-                    buckets = set(self._leased_buckets)
-                for index in buckets:
-                    await self._sweep(index)
-                if self._events is not None:
-                    self._events.flush()
-                if not every:
-                    await self._expire_staged()
-                    await self._collect_idle()
-            except ServiceUnavailable as exc:
-                log.warning("sweep failed: %s", exc.reason)
-
-    async def _sweep(self, index: int) -> None:
-        from .publishing import dead_letter
-
-        leases, lock = self.keys.leases(index)
-        tag = self.keys.tag(index)
-        lock_ms = max(1, int(self._sweep_interval * 1000 / 2))
-        reply = await self.link.call(
-            tag,
-            "FCALL",
-            _R + "sweep",
-            2,
-            leases,
-            lock,
-            tag,
-            int(time.time() * 1000),
-            lock_ms,
-            tag,
-            write=True,
-        )
-        for i in range(0, len(reply), 5):
-            pipe, moved, data, times = reply[i].decode(), reply[i + 2], reply[i + 3], reply[i + 4]
-            self.counters.redelivered += 1
-            self._wake(pipe)
-            found = self.cache.pipes.get(pipe)
-            if not moved and found is not None:
-                why = (("x-delivery-count", str(times)),)
-                await dead_letter(self, found, data, "max-deliveries", why, None)
-
-    async def _collect_idle(self) -> None:
-        """Q1: pipes nobody used for ``pipe_idle_timeout`` go; a pipe a cursor of this
-        engine holds open is used now (its reader makes no requests)."""
-        timeout = self.config.pipe_idle_timeout
-        if timeout <= 0:
-            return
-        now = int(time.time() * 1000)
-        held = {c.pipe for c in self._cursors if c.ended is None}
-        by_tag: dict[str, list[str]] = defaultdict(list)
-        for key in self.cache.pipes:
-            by_tag[self.keys.tag(bucket(key))].append(key)
-        for tag, here in by_tag.items():
-            commands: list[tuple[Any, ...]] = []
-            for key in here:
-                state = self.keys.pipe(key)[1]
-                if key in held:
-                    commands.append(("HSET", state, "at", now))
-                else:
-                    commands.append(("HGET", state, "at"))
-            replies = await self.link.batch(tag, commands, write=True)
-            for key, at in zip(here, replies, strict=True):
-                if key not in held and now - int(at or 0) > timeout * 1000:
-                    await self._drop_pipe(key)
-                    self.counters.collected += 1
-
-    async def _expire_staged(self) -> None:
-        now = time.time()
-        gone = [s.key for s in self.cache.staged.values() if s.expires <= now]
-        if gone:
-
-            def build() -> tuple[Fields, None]:
-                return [(f"s:{k}", None) for k in gone if k in self.cache.staged], None
-
-            await self._change(build)
-            self.counters.staged_expired += len(gone)
-
     # ------------------------------------------------------------ statistics and admin
     async def stats(self) -> Stats:
-        from dataclasses import asdict
-
-        return Stats(
-            counters=tuple(asdict(self.counters).items()),
-            census=await self._census(),
-            latency=Histogram(
-                bounds=LATENCY_BOUNDS,
-                counts=tuple(self.latency.counts),
-                total=self.latency.total,
-            ),
-            closing=self._closing,
-            store=StoreStats(
-                kind="redis-cluster",
-                running=not self._closed,
-                failing=self.link.failing,
-                commits=self.link.commits,
-                batches=self.link.commits,
-                failures=self.link.failures,
-                commit_seconds=self.link.commit_seconds,
-                waiting=0,
-            ),
-        )
-
-    async def _census(self) -> Census:
-        pipes: dict[str, int] = {}
-        messages = deepest = held_bytes = 0
-        if not self._closed:
-            for pipe in list(self.cache.pipes.values()):
-                pipes[pipe.type] = pipes.get(pipe.type, 0) + 1
-                stream, state, tag = self.keys.pipe(pipe.key)
-                held, size = await self.link.batch(
-                    tag, [("XLEN", stream), ("HGET", state, "bytes")], write=False
-                )
-                messages += held
-                deepest = max(deepest, held)
-                held_bytes += int(size or 0)
-        queued = queued_bytes = 0
-        if not self._closed:
-            from .publishing import queued as queue_of
-
-            for feed in list(self.cache.feeds.values()):
-                if feed.type in QUEUEING_TYPES:
-                    count, size = await queue_of(self, feed)
-                    queued += count
-                    queued_bytes += size
-        return Census(
-            feeds=sum(1 for f in self.cache.feeds.values()),
-            pipes=tuple(sorted(pipes.items())),
-            joins=len(self.cache.joins),
-            messages=messages,
-            on_disk=0,
-            deepest=deepest,
-            queued=queued,
-            queued_bytes=queued_bytes,
-            queued_on_disk=0,
-            staged_bytes=sum(s.size for s in self.cache.staged.values()),
-            held_bytes=held_bytes,
-            webhook_pipes=sum(1 for p in self.cache.pipes.values() if p.type == "webhook"),
-        )
+        return await admin.stats(self)
 
     async def readiness(self, timeout: float) -> Readiness:
-        if self._closing:
-            return Readiness(problems=("the engine is shutting down",), checked=())
-        try:
-            await asyncio.wait_for(self._probe(), timeout)
-        except (ServiceUnavailable, TimeoutError) as exc:
-            why = exc.reason if isinstance(exc, ServiceUnavailable) else "timed out"
-            return Readiness(problems=(f"the Redis Cluster does not commit: {why}",), checked=())
-        return Readiness(problems=(), checked=("the Redis Cluster commits (a test write)",))
-
-    async def _probe(self) -> None:
-        probe = f"{{{self.keys.ns}:probe}}"
-        await self.link.call(probe, "SET", probe, "1", "PX", 60_000, write=True, durable=True)
+        return await admin.readiness(self, timeout)
 
     def mirror_to(self, sink: MirrorSink | None) -> None:
         self._mirror = sink
 
     async def pipe_states(self) -> tuple[PipeState, ...]:
-        return tuple([await self.pipe_state(None, key) for key in list(self.cache.pipes)])
+        return await admin.pipe_states(self)
 
     async def pipe_state(self, principal: str | None, key: str) -> PipeState:
-        found = await self._pipe(principal, key)
-        info = await self._pipe_info(found, use=False)
-        _stream, state, tag = self.keys.pipe(key)
-        size = await self.link.call(tag, "HGET", state, "bytes")
-        return PipeState(
-            info=info,
-            on_disk=0,
-            bytes=int(size or 0),
-            waiting=self.waiting(key),
-            pinned=any(c.pipe == key and c.ended is None for c in self._cursors),
-            webhook=None if info.webhook is None else info.webhook.state,
-        )
+        return await admin.pipe_state(self, principal, key)
 
     async def purge(self, principal: str | None, pipe: str) -> int:
-        found = await self._pipe(principal, pipe)
-        reply = await self._range(found.key, 0, 0, use=False)
-        return await self._ack(found.key, reply[0] - 1, use=False)
+        return await admin.purge(self, principal, pipe)
 
     async def inventory(self) -> Inventory:
-        feeds = self.cache.feeds.values()
-        return Inventory(
-            domains=len(self.cache.domains),
-            public_feeds=sum(1 for f in feeds if f.name is not None),
-            private_feeds=sum(1 for f in feeds if f.name is None),
-            pipes=len(self.cache.pipes),
-            joins=len(self.cache.joins),
-            staged=len(self.cache.staged),
-        )
+        return await admin.inventory(self)
 
     # ------------------------------------------------------------ webhooks
     def watch_webhooks(self, listener: Callable[[str, Webhook | None], None] | None) -> None:

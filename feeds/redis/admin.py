@@ -1,0 +1,132 @@
+"""What the Redis engine's administrators and monitors see and do: statistics,
+readiness, pipe states, purge and the inventory (docs/ADMIN.md)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from restms.errors import ServiceUnavailable
+
+from ..config import LATENCY_BOUNDS
+from ..routing import QUEUEING_TYPES
+from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
+
+if TYPE_CHECKING:
+    from .service import RedisEngine
+
+
+async def stats(engine: RedisEngine) -> Stats:
+    from dataclasses import asdict
+
+    return Stats(
+        counters=tuple(asdict(engine.counters).items()),
+        census=await census(engine),
+        latency=Histogram(
+            bounds=LATENCY_BOUNDS,
+            counts=tuple(engine.latency.counts),
+            total=engine.latency.total,
+        ),
+        closing=engine._closing,
+        store=StoreStats(
+            kind="redis-cluster",
+            running=not engine._closed,
+            failing=engine.link.failing,
+            commits=engine.link.commits,
+            batches=engine.link.commits,
+            failures=engine.link.failures,
+            commit_seconds=engine.link.commit_seconds,
+            waiting=0,
+        ),
+    )
+
+
+async def census(engine: RedisEngine) -> Census:
+    pipes: dict[str, int] = {}
+    messages = deepest = held_bytes = 0
+    if not engine._closed:
+        for pipe in list(engine.cache.pipes.values()):
+            pipes[pipe.type] = pipes.get(pipe.type, 0) + 1
+            stream, state, tag = engine.keys.pipe(pipe.key)
+            held, size = await engine.link.batch(
+                tag, [("XLEN", stream), ("HGET", state, "bytes")], write=False
+            )
+            messages += held
+            deepest = max(deepest, held)
+            held_bytes += int(size or 0)
+    queued = queued_bytes = 0
+    if not engine._closed:
+        from .publishing import queued as queue_of
+
+        for feed in list(engine.cache.feeds.values()):
+            if feed.type in QUEUEING_TYPES:
+                count, size = await queue_of(engine, feed)
+                queued += count
+                queued_bytes += size
+    return Census(
+        feeds=sum(1 for f in engine.cache.feeds.values()),
+        pipes=tuple(sorted(pipes.items())),
+        joins=len(engine.cache.joins),
+        messages=messages,
+        on_disk=0,
+        deepest=deepest,
+        queued=queued,
+        queued_bytes=queued_bytes,
+        queued_on_disk=0,
+        staged_bytes=sum(s.size for s in engine.cache.staged.values()),
+        held_bytes=held_bytes,
+        webhook_pipes=sum(1 for p in engine.cache.pipes.values() if p.type == "webhook"),
+    )
+
+
+async def readiness(engine: RedisEngine, timeout: float) -> Readiness:
+    if engine._closing:
+        return Readiness(problems=("the engine is shutting down",), checked=())
+    try:
+        await asyncio.wait_for(probe(engine), timeout)
+    except (ServiceUnavailable, TimeoutError) as exc:
+        why = exc.reason if isinstance(exc, ServiceUnavailable) else "timed out"
+        return Readiness(problems=(f"the Redis Cluster does not commit: {why}",), checked=())
+    return Readiness(problems=(), checked=("the Redis Cluster commits (a test write)",))
+
+
+async def probe(engine: RedisEngine) -> None:
+    probe = f"{{{engine.keys.ns}:probe}}"
+    await engine.link.call(probe, "SET", probe, "1", "PX", 60_000, write=True, durable=True)
+
+
+async def pipe_states(engine: RedisEngine) -> tuple[PipeState, ...]:
+    return tuple([await engine.pipe_state(None, key) for key in list(engine.cache.pipes)])
+
+
+async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> PipeState:
+    found = await engine._pipe(principal, key)
+    info = await engine._pipe_info(found, use=False)
+    _stream, state, tag = engine.keys.pipe(key)
+    size = await engine.link.call(tag, "HGET", state, "bytes")
+    return PipeState(
+        info=info,
+        on_disk=0,
+        bytes=int(size or 0),
+        waiting=engine.waiting(key),
+        pinned=any(c.pipe == key and c.ended is None for c in engine._cursors),
+        webhook=None if info.webhook is None else info.webhook.state,
+    )
+
+
+async def purge(engine: RedisEngine, principal: str | None, pipe: str) -> int:
+    found = await engine._pipe(principal, pipe)
+    reply = await engine._range(found.key, 0, 0, use=False)
+    return await engine._ack(found.key, reply[0] - 1, use=False)
+
+
+async def inventory(engine: RedisEngine) -> Inventory:
+    feeds = engine.cache.feeds.values()
+    return Inventory(
+        domains=len(engine.cache.domains),
+        public_feeds=sum(1 for f in feeds if f.name is not None),
+        private_feeds=sum(1 for f in feeds if f.name is None),
+        pipes=len(engine.cache.pipes),
+        joins=len(engine.cache.joins),
+        staged=len(engine.cache.staged),
+    )

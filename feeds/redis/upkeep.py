@@ -1,0 +1,114 @@
+"""The Redis engine's upkeep, run by every engine: leases that ran out (a bucket at a
+time, one engine at a time under the lock the sweep function takes), staged contents
+past their TTL and idle pipes (Q1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any
+
+from restms.errors import ServiceUnavailable
+
+from . import resources
+from .catalogue import BUCKETS, bucket
+from .publishing import dead_letter
+
+if TYPE_CHECKING:
+    from .service import Fields, RedisEngine
+
+log = logging.getLogger(__name__)
+FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
+_R = "restms_v1_"
+
+
+async def sweeper(engine: RedisEngine) -> None:
+    """The engine's upkeep: leases of the buckets it leased in, every bucket now and
+    then (leases other engines took), staged contents' TTLs and idle pipes."""
+    every = 0.0
+    while True:
+        await asyncio.sleep(engine._sweep_interval)
+        every += engine._sweep_interval
+        try:
+            if every >= FULL_SWEEP:
+                every = 0.0
+                buckets = set(range(BUCKETS))
+            else:
+                buckets = set(engine._leased_buckets)
+            for index in buckets:
+                await sweep(engine, index)
+            if engine._events is not None:
+                engine._events.flush()
+            if not every:
+                await expire_staged(engine)
+                await collect_idle(engine)
+        except ServiceUnavailable as exc:
+            log.warning("sweep failed: %s", exc.reason)
+
+
+async def sweep(engine: RedisEngine, index: int) -> None:
+
+    leases, lock = engine.keys.leases(index)
+    tag = engine.keys.tag(index)
+    lock_ms = max(1, int(engine._sweep_interval * 1000 / 2))
+    reply = await engine.link.call(
+        tag,
+        "FCALL",
+        _R + "sweep",
+        2,
+        leases,
+        lock,
+        tag,
+        int(time.time() * 1000),
+        lock_ms,
+        tag,
+        write=True,
+    )
+    for i in range(0, len(reply), 5):
+        pipe, moved, data, times = reply[i].decode(), reply[i + 2], reply[i + 3], reply[i + 4]
+        engine.counters.redelivered += 1
+        engine._wake(pipe)
+        found = engine.cache.pipes.get(pipe)
+        if not moved and found is not None:
+            why = (("x-delivery-count", str(times)),)
+            await dead_letter(engine, found, data, "max-deliveries", why, None)
+
+
+async def collect_idle(engine: RedisEngine) -> None:
+    """Q1: pipes nobody used for ``pipe_idle_timeout`` go; a pipe a cursor of this
+    engine holds open is used now (its reader makes no requests)."""
+    timeout = engine.config.pipe_idle_timeout
+    if timeout <= 0:
+        return
+    now = int(time.time() * 1000)
+    held = {c.pipe for c in engine._cursors if c.ended is None}
+    by_tag: dict[str, list[str]] = defaultdict(list)
+    for key in engine.cache.pipes:
+        by_tag[engine.keys.tag(bucket(key))].append(key)
+    for tag, here in by_tag.items():
+        commands: list[tuple[Any, ...]] = []
+        for key in here:
+            state = engine.keys.pipe(key)[1]
+            if key in held:
+                commands.append(("HSET", state, "at", now))
+            else:
+                commands.append(("HGET", state, "at"))
+        replies = await engine.link.batch(tag, commands, write=True)
+        for key, at in zip(here, replies, strict=True):
+            if key not in held and now - int(at or 0) > timeout * 1000:
+                await resources.drop_pipe(engine, key)
+                engine.counters.collected += 1
+
+
+async def expire_staged(engine: RedisEngine) -> None:
+    now = time.time()
+    gone = [s.key for s in engine.cache.staged.values() if s.expires <= now]
+    if gone:
+
+        def build() -> tuple[Fields, None]:
+            return [(f"s:{k}", None) for k in gone if k in engine.cache.staged], None
+
+        await engine._change(build)
+        engine.counters.staged_expired += len(gone)
