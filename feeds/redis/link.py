@@ -175,6 +175,7 @@ class Subscriber:
         self._clients: dict[str, Redis] = {}
         self._readers: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
+        self.closed = False
 
     async def subscribe(self, channel: str) -> None:
         async with self._lock:
@@ -207,14 +208,15 @@ class Subscriber:
         return pubsub
 
     async def _read(self, name: str, pubsub: PubSub) -> None:
-        while True:
+        while not self.closed:
             try:
                 if not pubsub.subscribed:
                     await asyncio.sleep(0.05)
                     continue
                 message = await pubsub.get_message(timeout=1.0)
             except (rex.RedisError, OSError):
-                await self._resubscribe(name)
+                if not self.closed:
+                    await self._resubscribe(name)
                 return
             if message is None or message["type"] not in (b"smessage", "smessage"):
                 continue
@@ -249,6 +251,7 @@ class Subscriber:
         self.lost()
 
     async def close(self) -> None:
+        self.closed = True
         readers, self._readers = list(self._readers.values()), {}
         for task in readers:
             task.cancel()

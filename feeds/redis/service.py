@@ -195,11 +195,11 @@ class RedisEngine:
         tasks, self._tasks = [*self._tasks, *self._announcing], []
         for task in tasks:
             task.cancel()
-        steps = (asyncio.gather(*tasks, return_exceptions=True), self._subscriber.close())
-        for step in (*steps, self.link.close()):
-            try:
-                await asyncio.wait_for(step, CLOSE_WAIT)
-            except TimeoutError:
+        if tasks:
+            await asyncio.wait(tasks, timeout=CLOSE_WAIT)
+        for step in (self._subscriber.close, self.link.close):
+            done, _ = await asyncio.wait({asyncio.ensure_future(step())}, timeout=CLOSE_WAIT)
+            if not done:
                 log.warning("closing the engine: a step took over %s s, left behind", CLOSE_WAIT)
 
     async def crash(self) -> None:
@@ -402,8 +402,10 @@ class RedisEngine:
         return join_info(join, self.cache.pipes[join.pipe], feed is None or feed.name is not None)
 
     async def _pipe_info(self, pipe: PipeRec, use: bool = True) -> PipeInfo:
-        figures = await self._figures(pipe.key, use)
         joins = tuple(self._join_info(j) for j in pipe.joins.values())
+        figures = await self._figures(pipe.key, use)
+        if pipe.key not in self.cache.pipes:  # deleted meanwhile
+            raise NotFound(HIDDEN)
         return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter)
 
     async def _figures(self, pipe: str, use: bool = True) -> tuple[int, int | None, int, int]:

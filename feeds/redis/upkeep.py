@@ -28,7 +28,7 @@ async def sweeper(engine: RedisEngine) -> None:
     """The engine's upkeep: leases of the buckets it leased in, every bucket now and
     then (leases other engines took), staged contents' TTLs and idle pipes."""
     every = 0.0
-    while True:
+    while not engine._closing:
         await asyncio.sleep(engine._sweep_interval)
         every += engine._sweep_interval
         try:

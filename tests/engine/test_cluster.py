@@ -16,7 +16,7 @@ from feeds.redis import RedisEngine
 from restms.errors import NotFound
 
 from .conftest import SWEEP, forget_namespace
-from .helpers import ME, join, msg, new_feed, new_pipe, publish, text, texts
+from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, text, texts
 
 
 @pytest.fixture
@@ -57,6 +57,11 @@ async def test_a_change_on_one_node_reaches_the_others_cache(
     first, second = nodes
     seen = await second.feed(ME, "default")
     await new_feed(first, "sport")
+
+    async def announced() -> bool:  # the news comes by pub/sub, a moment later
+        return "sport" in (await second.domain("default")).feeds
+
+    await eventually(announced)
     domain = await second.domain("default")
     waiter = asyncio.create_task(second.changed(None, domain, 5.0))
     await asyncio.sleep(0.05)
