@@ -16,6 +16,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
 from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
+from . import webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
 
@@ -182,21 +183,27 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
         )
         fields.append((field_of(default), encode(default)))
     await engine._change(lambda: (fields, None))
-    return await engine._pipe_info(engine.cache.pipes[key])
+    made = engine.cache.pipes[key]
+    if made.type == "webhook":
+        webhooks.tell(engine, made, await webhooks.hook_of(engine, made))
+    return await engine._pipe_info(made)
 
 
 async def update_pipe(
     engine: RedisEngine, principal: str | None, key: str, update: Update
 ) -> PipeInfo:
-    await engine._pipe(principal, key)
+    found = await engine._pipe(principal, key)
+    if update.type is not None and update.type not in ("", found.type, "fifo"):
+        raise Forbidden("a pipe's type cannot be changed")
+    options = found.options
+    if update.webhook is not None:  # 400 before anything changes
+        options = await webhooks.changed(engine, found, update.webhook)
 
     def build() -> tuple[Fields, None]:
         pipe = engine.cache.pipes.get(key)
         if pipe is None:
             raise NotFound(HIDDEN)
-        if update.type is not None and update.type not in ("", pipe.type, "fifo"):
-            raise Forbidden("a pipe's type cannot be changed")
-        made = replace(pipe, title=update.title or None, modified=time.time())
+        made = replace(pipe, title=update.title or None, options=options, modified=time.time())
         return [(field_of(made), encode(made))], None
 
     await engine._change(build)
@@ -209,6 +216,8 @@ async def delete_pipe(engine: RedisEngine, principal: str | None, key: str) -> N
 
 
 async def drop_pipe(engine: RedisEngine, key: str) -> None:
+    known = engine.cache.pipes.get(key)
+
     def build() -> tuple[Fields, None]:
         pipe = engine.cache.pipes.get(key)
         if pipe is None:
@@ -227,6 +236,8 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
     stream, state, tag = engine.keys.pipe(key)
     await engine.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
     engine._wake(key)
+    if known is not None and known.type == "webhook":
+        webhooks.tell(engine, known, None)
     for cursor in list(engine._cursors):
         if cursor.pipe == key:
             cursor.end("deleted")

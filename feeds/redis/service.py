@@ -81,7 +81,7 @@ from ..service import (
     Webhook,
     WebhookAttempts,
 )
-from . import admin, publishing, resources, upkeep
+from . import admin, publishing, resources, upkeep, webhooks
 from .catalogue import (
     Cache,
     FeedRec,
@@ -100,7 +100,6 @@ from .values import (
     feed_info,
     join_info,
     pipe_info,
-    webhook,
 )
 
 log = logging.getLogger(__name__)
@@ -404,9 +403,10 @@ class RedisEngine:
     async def _pipe_info(self, pipe: PipeRec, use: bool = True) -> PipeInfo:
         joins = tuple(self._join_info(j) for j in pipe.joins.values())
         figures = await self._figures(pipe.key, use)
+        hook = await webhooks.hook_of(self, pipe)
         if pipe.key not in self.cache.pipes:  # deleted meanwhile
             raise NotFound(HIDDEN)
-        return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter)
+        return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter, hook)
 
     async def _figures(self, pipe: str, use: bool = True) -> tuple[int, int | None, int, int]:
         """Held, oldest, asynclet and the version of a pipe's messages."""
@@ -839,44 +839,30 @@ class RedisEngine:
         self._hook_listener = listener
 
     async def webhooks(self) -> tuple[Webhook, ...]:
-        return tuple(
-            [
-                await self.webhook(p.key)
-                for p in list(self.cache.pipes.values())
-                if p.type == "webhook"
-            ]
-        )
+        return await webhooks.webhooks(self)
 
     async def webhook(self, pipe: str) -> Webhook:
-        if self._closing:
-            raise self._unavailable()
-        found = await self._pipe(None, pipe)
-        settings = self.settings(found)
-        if settings.webhook is None:
-            raise NotFound(HIDDEN)
-        from ..webhook import Hook
-
-        return webhook(found, Hook(settings.webhook))
+        return await webhooks.webhook_value(self, pipe)
 
     async def webhook_attempts(self, pipe: str, position: int) -> WebhookAttempts | None:
-        raise _not_yet()
+        return await webhooks.attempts(self, pipe, position)
 
     async def webhook_verified(self, pipe: str, ok: bool, status: str, error: str) -> None:
-        raise _not_yet()
+        await webhooks.verified(self, pipe, ok, status, error)
 
     async def webhook_delivered(self, pipe: str, position: int, status: str) -> bool:
-        raise _not_yet()
+        return await webhooks.delivered(self, pipe, position, status)
 
     async def webhook_failed(
         self, pipe: str, position: int, attempt: int, status: str, error: str, retry_at: float
     ) -> bool:
-        raise _not_yet()
+        return await webhooks.failed(self, pipe, position, attempt, status, error, retry_at)
 
     async def webhook_give_up(self, pipe: str, position: int, reason: str) -> None:
-        raise _not_yet()
+        await webhooks.give_up(self, pipe, position, reason)
 
     async def webhook_gone(self, pipe: str, position: int, status: str) -> bool:
-        raise _not_yet()
+        return await webhooks.gone(self, pipe, position, status)
 
 
 class _SystemFeed:
@@ -892,10 +878,6 @@ class _SystemFeed:
     def joins(self) -> dict[str, JoinRec]:
         feed = self.cache.feeds.get(self.key)
         return {} if feed is None else feed.joins
-
-
-def _not_yet() -> ServiceUnavailable:
-    return ServiceUnavailable("webhook delivery state is not kept by the Redis engine yet")
 
 
 def _first(reply: list[Any]) -> int:

@@ -108,6 +108,7 @@ def pipe_info(
     joins: tuple[JoinInfo, ...],
     figures: tuple[int, int | None, int, int],
     dead_letter_feed: str,
+    hook: Hook | None,
 ) -> PipeInfo:
     """``figures``: held, oldest, asynclet and the version of its messages."""
     held, oldest, asynclet, version = figures
@@ -118,7 +119,6 @@ def pipe_info(
         dead_letter = f"/restms/feed/{dead_letter_feed}" if dead_letter_feed else ""
     else:
         dead_letter = settings.dead_letter
-    hook = None if settings.webhook is None else Hook(settings.webhook)
     return PipeInfo(
         key=pipe.key,
         type=pipe.type,
@@ -141,7 +141,11 @@ def pipe_info(
         progress=None
         if hook is None
         else WebhookProgress(
-            attempts=0, next_attempt=None, last_attempt=None, last_status="", last_error=""
+            attempts=max(hook.attempts.values(), default=0),
+            next_attempt=min(hook.due.values(), default=None),
+            last_attempt=hook.last_attempt,
+            last_status=hook.last_status,
+            last_error=hook.last_error,
         ),
         version=pipe.version + version,
         modified=pipe.modified,
@@ -155,7 +159,10 @@ def webhook(pipe: PipeRec, hook: Hook) -> Webhook:
         options=hook.options,
         generation=hook.generation,
         state=WebhookState(
-            state=hook.state, delivered=hook.delivered, failures=hook.failures, dead_lettered=0
+            state=hook.state,
+            delivered=hook.delivered,
+            failures=hook.failures,
+            dead_lettered=hook.dead,
         ),
     )
 

@@ -46,15 +46,6 @@ REDIS_LACKS = frozenset(
         # A leased message of a rotator feed comes back in its own pipe, not another
         # worker's (the sweep moves it inside its bucket).
         "test_a_leased_rotator_message_goes_to_another_worker",
-        # Webhook delivery state (feeds.webhook's machine): not kept in the cluster yet;
-        # webhook pipes are made, listed and shown as "verifying".
-        "test_webhook_pipes_are_listed_and_their_news_told",
-        "test_verification_starts_or_refuses_delivery",
-        "test_a_failed_attempt_is_committed_before_it_returns",
-        "test_a_delivered_message_leaves_the_pipe_and_settles_it",
-        "test_a_message_given_up_goes_to_the_dead_letter_feed",
-        "test_gone_ends_the_subscription_and_keeps_the_messages",
-        "test_an_outcome_for_a_message_acknowledged_meanwhile_only_forgets_it",
     }
 )
 # Leases run out and the journal is flushed within these many seconds, so tests that

@@ -1,0 +1,192 @@
+"""The webhook workers' side of the Redis engine: a webhook pipe's delivery state
+(:class:`feeds.webhook.Hook`, its machine and record) kept in the pipe's state hash
+(field ``hook``, with its generation), read and written by the pipe's one worker.
+
+The outcomes that decide a wait or a pipe's state (a failure, a verification, a gone
+endpoint) are written with ``WAIT`` before the call returns, as a persistent publish
+is. A message that left the pipe meanwhile is no longer delivered: its attempts are
+forgotten and the worker is told so (False, or None).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from restms.errors import NotFound, ServiceUnavailable
+from restms.webhook import WebhookOptions
+
+from ..service import Webhook, WebhookAttempts
+from ..store import dumps, loads
+from ..webhook import Hook, apply_change
+from .catalogue import PipeRec
+from .values import webhook
+
+if TYPE_CHECKING:
+    from .service import RedisEngine
+
+HIDDEN = "no such resource"
+_R = "restms_v1_"
+
+
+async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:
+    """A pipe's delivery state as the cluster keeps it; None for another type."""
+    options = engine.settings(pipe).webhook
+    if options is None:
+        return None
+    hook = Hook(options)
+    _stream, state, tag = engine.keys.pipe(pipe.key)
+    data = await engine.link.call(tag, "HGET", state, "hook")
+    if data:
+        record = loads(data)
+        hook.restore(record)
+        hook.generation = int(record.get("generation", 0))
+    return hook
+
+
+async def save(engine: RedisEngine, pipe: PipeRec, hook: Hook, durable: bool) -> None:
+    _stream, state, tag = engine.keys.pipe(pipe.key)
+    record = {**hook.record(), "generation": hook.generation}
+    await engine.link.call(tag, "HSET", state, "hook", dumps(record), write=True, durable=durable)
+    tell(engine, pipe, hook)
+
+
+def tell(engine: RedisEngine, pipe: PipeRec, hook: Hook | None) -> None:
+    """The webhook listener hears of a webhook pipe made, changed (None: deleted)."""
+    listener = engine._hook_listener
+    if listener is not None:
+        listener(pipe.key, None if hook is None else webhook(pipe, hook))
+
+
+async def changed(engine: RedisEngine, pipe: PipeRec, change: WebhookOptions) -> dict[str, object]:
+    """A PUT's webhook options on ``pipe``: the pipe's new options (400 before any
+    change); the state moves (a new callback is verified first) and is kept."""
+    hook = await hook_of(engine, pipe)
+    given = apply_change(hook, pipe.options.get("webhook"), change, engine.config)
+    if given is None or hook is None:
+        return pipe.options
+    await save(engine, pipe, hook, durable=True)
+    return {**pipe.options, "webhook": given}
+
+
+async def _hooked(engine: RedisEngine, key: str) -> tuple[PipeRec, Hook]:
+    pipe = await engine._find("pipes", key)
+    hook = None if pipe is None else await hook_of(engine, pipe)
+    if pipe is None or hook is None:
+        raise NotFound(HIDDEN)
+    return pipe, hook
+
+
+async def _held(engine: RedisEngine, pipe: PipeRec, hook: Hook, position: int) -> bool:
+    """Whether the message is still in the pipe; when not, its attempts are forgotten."""
+    if await engine.look(None, pipe.key, position) is not None:
+        return True
+    if position in hook.attempts:
+        hook.done(position)
+        await save(engine, pipe, hook, durable=False)
+    return False
+
+
+async def _settle(engine: RedisEngine, pipe: PipeRec, position: int) -> bytes | None:
+    """Take this one message out (concurrent deliveries finish in any order)."""
+    stream, state, tag = engine.keys.pipe(pipe.key)
+    taken = await engine.link.call(
+        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+    )
+    if not taken:
+        return None
+    engine.counters.acknowledged += 1
+    engine._wake(pipe.key)
+    data: bytes = taken[0]
+    return data
+
+
+async def webhook_value(engine: RedisEngine, key: str) -> Webhook:
+    if engine._closing:  # a worker asks before each attempt: none is begun now
+        raise ServiceUnavailable("the gateway is shutting down")
+    pipe, hook = await _hooked(engine, key)
+    return webhook(pipe, hook)
+
+
+async def webhooks(engine: RedisEngine) -> tuple[Webhook, ...]:
+    made: list[Webhook] = []
+    for pipe in list(engine.cache.pipes.values()):
+        hook = await hook_of(engine, pipe)
+        if hook is not None:
+            made.append(webhook(pipe, hook))
+    return tuple(made)
+
+
+async def attempts(engine: RedisEngine, key: str, position: int) -> WebhookAttempts | None:
+    pipe, hook = await _hooked(engine, key)
+    if not await _held(engine, pipe, hook, position):
+        return None
+    return WebhookAttempts(made=hook.attempts.get(position, 0), due=hook.due.get(position, 0.0))
+
+
+async def verified(engine: RedisEngine, key: str, ok: bool, status: str, error: str) -> None:
+    pipe, hook = await _hooked(engine, key)
+    hook.outcome(status, error, time.time())
+    hook.fire("verified" if ok else "refused")
+    await save(engine, pipe, hook, durable=True)
+
+
+async def delivered(engine: RedisEngine, key: str, position: int, status: str) -> bool:
+    pipe, hook = await _hooked(engine, key)
+    if not await _held(engine, pipe, hook, position):
+        return False
+    hook.outcome(status, "", time.time())
+    hook.delivered += 1
+    hook.done(position)
+    engine.counters.hook_delivered += 1
+    engine.counters.delivered += 1
+    await _settle(engine, pipe, position)
+    await save(engine, pipe, hook, durable=False)
+    return True
+
+
+async def failed(
+    engine: RedisEngine,
+    key: str,
+    position: int,
+    attempt: int,
+    status: str,
+    error: str,
+    retry_at: float,
+) -> bool:
+    pipe, hook = await _hooked(engine, key)
+    if not await _held(engine, pipe, hook, position) or not hook.delivering:
+        return False
+    hook.outcome(status, error, time.time())
+    hook.failed(position, attempt, retry_at)
+    engine.counters.hook_failed += 1
+    await save(engine, pipe, hook, durable=True)  # on two machines before the wait
+    return True
+
+
+async def give_up(engine: RedisEngine, key: str, position: int, reason: str) -> None:
+    from .publishing import dead_letter
+
+    pipe, hook = await _hooked(engine, key)
+    if not await _held(engine, pipe, hook, position):
+        return
+    made = hook.attempts.get(position, 0)
+    why = (("x-delivery-count", str(made)), ("x-webhook-status", hook.last_status))
+    data = await _settle(engine, pipe, position)
+    if data is not None:
+        await dead_letter(engine, pipe, data, reason, why, None)
+    hook.dead += 1
+    engine.counters.hook_dead += 1
+    hook.done(position)
+    await save(engine, pipe, hook, durable=True)
+
+
+async def gone(engine: RedisEngine, key: str, position: int, status: str) -> bool:
+    pipe, hook = await _hooked(engine, key)
+    if not await _held(engine, pipe, hook, position) or not hook.delivering:
+        return False
+    hook.outcome(status, "the receiver ended the subscription", time.time())
+    hook.done(position)
+    hook.fire("gone")
+    await save(engine, pipe, hook, durable=True)
+    return True
