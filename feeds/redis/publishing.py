@@ -23,6 +23,7 @@ from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
 from restms.uris import split_path
 
 from ..model import Blob as HeldBlob
+from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent
@@ -337,6 +338,65 @@ async def _hand_out(engine: RedisEngine, feed: FeedRec, item: Item, durable: boo
             engine.counters.routed += 1
             return got[pipe.key][0]
     return 0
+
+
+async def take_work(engine: RedisEngine, pipe: PipeRec) -> bool:
+    """P3: an ondemand pipe's waiting read takes one message from the queue of a
+    feed it joins; whether it got one."""
+    for join in list(pipe.joins.values()):
+        feed = engine.cache.feeds.get(join.feed)
+        if feed is None or feed.type not in QUEUEING_TYPES:
+            continue
+        queue, _rr = _queue(engine, feed)
+        head = await engine.link.call(queue, "LPOP", queue, write=True)
+        if head is None:
+            continue
+        size, record, kept = loads(head)
+        item: Item = (message_spec(loads(record)), record.encode(), size, kept)
+        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], kept)
+        if got[pipe.key][0]:
+            engine.counters.routed += 1
+            return True
+        await engine.link.call(queue, "LPUSH", queue, head, write=True)  # full: back
+    return False
+
+
+async def hand_over(
+    engine: RedisEngine, feed: FeedRec, pipe: PipeRec, position: int, times: int
+) -> None:
+    """A leased message of a rotator or service feed that came back: to another
+    worker's pipe when one takes it (carrying its redeliveries), else it stays."""
+    others = [
+        j
+        for j in feed.joins.values()
+        if j.pipe != pipe.key
+        and j.pipe in engine.cache.pipes
+        and engine.cache.pipes[j.pipe].type != "ondemand"
+    ]
+    if not others:
+        return
+    stream, state, tag = engine.keys.pipe(pipe.key)
+    taken = await engine.link.call(
+        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+    )
+    if not taken:
+        return
+    data = taken[0]
+    fields = loads(data)
+    spec = message_spec(fields)
+    size = message_size(spec, decode_parts(fields[6]))
+    item: Item = (spec, data, size, persistent(spec))
+    for join in others:
+        target = engine.cache.pipes[join.pipe]
+        got = await _place(engine, {target.key: target}, {target.key: [0]}, [item], item[3])
+        placed = got[target.key][0]
+        if placed:
+            _s, target_state, target_tag = engine.keys.pipe(target.key)
+            await engine.link.call(
+                target_tag, "HSET", target_state, f"r:{placed}", times, write=True
+            )
+            return
+    await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
 
 
 async def drain(engine: RedisEngine, feed: FeedRec) -> None:

@@ -105,6 +105,9 @@ from .values import (
 log = logging.getLogger(__name__)
 HIDDEN = "no such resource"
 CLOSE_WAIT = 5.0  # seconds each step of closing may take
+# How often a waiting read of an ondemand pipe asks its feeds' queues again: a queue
+# announces nothing when a message joins it.
+ONDEMAND_POLL = 0.05
 NODES = (("127.0.0.1", 7101), ("127.0.0.1", 7102), ("127.0.0.1", 7103))
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
@@ -700,6 +703,10 @@ class RedisEngine:
                 remaining = deadline - time.monotonic()
                 if future is None or remaining <= 0:
                     return None
+                if found.type == "ondemand":  # its wait asks its feeds for work (P3)
+                    if reply[3] == 0 and await publishing.take_work(self, found):
+                        continue
+                    remaining = min(remaining, ONDEMAND_POLL)
                 await asyncio.wait({future}, timeout=remaining)
                 if self._closing:
                     raise self._unavailable()

@@ -12,9 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from restms.errors import ServiceUnavailable
 
+from ..routing import QUEUEING_TYPES
+from ..store import loads
 from . import resources
 from .catalogue import BUCKETS, bucket
-from .publishing import dead_letter
+from .publishing import dead_letter, hand_over
 
 if TYPE_CHECKING:
     from .service import Fields, RedisEngine
@@ -49,7 +51,8 @@ async def sweeper(engine: RedisEngine) -> None:
 
 
 async def sweep(engine: RedisEngine, index: int) -> None:
-
+    """Leases of one bucket that ran out: moved, handed to another worker of their
+    rotator or service feed, or dead-lettered."""
     leases, lock = engine.keys.leases(index)
     tag = engine.keys.tag(index)
     lock_ms = max(1, int(engine._sweep_interval * 1000 / 2))
@@ -71,9 +74,15 @@ async def sweep(engine: RedisEngine, index: int) -> None:
         engine.counters.redelivered += 1
         engine._wake(pipe)
         found = engine.cache.pipes.get(pipe)
-        if not moved and found is not None:
+        if found is None:
+            continue
+        if not moved:
             why = (("x-delivery-count", str(times)),)
             await dead_letter(engine, found, data, "max-deliveries", why, None)
+            continue
+        source = engine.cache.feeds.get(loads(data)[3] or "")
+        if source is not None and source.type in QUEUEING_TYPES:
+            await hand_over(engine, source, found, moved, times)
 
 
 async def collect_idle(engine: RedisEngine) -> None:

@@ -40,12 +40,6 @@ REDIS_LACKS = frozenset(
         "test_messages_past_the_memory_budget_are_read_back_in_order",
         # The traffic mirror: no events are offered to a sink yet.
         "test_a_mirror_sink_is_offered_what_is_done_until_taken_away",
-        # Ondemand pipes (P3): a read that asks a queueing feed for one message.
-        "test_a_look_takes_no_work_from_a_queue",
-        "test_P3_ondemand_takes_a_message_only_when_read",
-        # A leased message of a rotator feed comes back in its own pipe, not another
-        # worker's (the sweep moves it inside its bucket).
-        "test_a_leased_rotator_message_goes_to_another_worker",
     }
 )
 # Leases run out and the journal is flushed within these many seconds, so tests that
