@@ -81,7 +81,7 @@ from ..service import (
     Webhook,
     WebhookAttempts,
 )
-from . import admin, publishing, resources, upkeep, webhooks
+from . import admin, publishing, reading, resources, upkeep, webhooks
 from .catalogue import (
     Cache,
     FeedRec,
@@ -98,6 +98,7 @@ from .values import (
     decode_message,
     domain_info,
     feed_info,
+    first_position,
     join_info,
     pipe_info,
 )
@@ -454,46 +455,10 @@ class RedisEngine:
         return self._join_info(await self._join(principal, key))
 
     async def resolve(self, principal: str | None, key: str) -> Resource:
-        cache = self.cache
-        known = key in cache.pipes or key in cache.joins or key in cache.staged
-        if not known and (key not in cache.feeds or cache.feeds[key].name is not None):
-            await self._fresh()
-        feed = cache.feeds.get(key)
-        if feed is not None and feed.name is None:
-            if principal is not None and feed.owner != principal:
-                raise NotFound(HIDDEN)
-            return self._feed_info(feed)
-        if key in cache.pipes:
-            return await self.pipe(principal, key)
-        if key in cache.joins:
-            return await self.join(principal, key)
-        if key in cache.staged:
-            return (await self.staged(principal, key))[0]
-        pipe_key, dot, rest = key.partition(".")
-        found = cache.pipes.get(pipe_key) if dot else None
-        if found is not None:
-            pipe = await self._pipe(principal, pipe_key)
-            seq, dot, index = rest.partition(".")
-            if seq.isdigit() and (not dot or index.isdigit()):
-                if dot:
-                    return ContentRef(
-                        pipe=pipe.key, position=int(seq), index=int(index), domain=pipe.domain
-                    )
-                return Slot(
-                    pipe=pipe.key, position=int(seq), domain=pipe.domain, pipe_type=pipe.type
-                )
-        raise NotFound(HIDDEN)
+        return await reading.resolve(self, principal, key)
 
     async def exists(self, principal: str | None, at: Slot | ContentRef) -> bool:
-        pipe = await self._pipe(principal, at.pipe)
-        if isinstance(at, Slot):
-            reply = await self._range(pipe.key, at.position, 1)
-            return reply[0] == at.position or _first(reply) == at.position
-        try:
-            await self.content(principal, at)
-        except NotFound:
-            return False
-        return True
+        return await reading.exists(self, principal, at)
 
     async def feed_at(self, principal: str | None, path: str) -> FeedInfo:
         await self._fresh()
@@ -518,38 +483,7 @@ class RedisEngine:
         )
 
     async def changed(self, principal: str | None, value: Watched, wait: float) -> Watched | None:
-        deadline = time.monotonic() + wait
-        loop = asyncio.get_running_loop()
-        while True:
-            if self._closing:
-                raise self._unavailable()
-            future: asyncio.Future[bool] = loop.create_future()
-            self._watching_catalogue.add(future)
-            pipe = value.key if isinstance(value, PipeInfo) else None
-            if pipe is not None:
-                await self._listen(bucket(pipe))
-                self._waiters[pipe].add(future)
-            try:
-                now = await self._now(principal, value)
-                if now.version != value.version:
-                    return cast("Watched", now)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return None
-                await asyncio.wait({future}, timeout=remaining)
-            finally:
-                self._watching_catalogue.discard(future)
-                if pipe is not None:
-                    self._waiters.get(pipe, set()).discard(future)
-
-    async def _now(self, principal: str | None, value: Watched) -> Any:
-        if isinstance(value, DomainInfo):
-            return await self.domain(value.name)
-        if isinstance(value, FeedInfo):
-            return await self.feed(principal, value.key)
-        if isinstance(value, PipeInfo):
-            return await self.pipe(principal, value.key)
-        return await self.join(principal, value.key)
+        return await reading.changed(self, principal, value, wait)
 
     # ------------------------------------------------------------ changes
 
@@ -694,7 +628,7 @@ class RedisEngine:
             try:
                 reply = await self._range(pipe, position, 1)
                 if reply[0] != position:
-                    if _first(reply) != position:
+                    if first_position(reply) != position:
                         raise NotFound("no message at that position")
                     got = self._messages(pipe, reply)[0]
                     if lease:
@@ -734,7 +668,7 @@ class RedisEngine:
     async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
         found = await self._pipe(principal, pipe)
         reply = await self._range(found.key, position, 1)
-        if _first(reply) != position:
+        if first_position(reply) != position:
             return None
         return self._messages(found.key, reply)[0]
 
@@ -765,28 +699,10 @@ class RedisEngine:
         return removed
 
     async def content(self, principal: str | None, ref: ContentRef) -> Blob:
-        message = await self.look(principal, ref.pipe, ref.position)
-        if message is None or not 0 <= ref.index < len(message.parts):
-            raise NotFound("no such content")
-        part = message.parts[ref.index]
-        if not isinstance(part, Blob):  # deleted, or embedded: nothing to fetch (D2)
-            raise NotFound("no such content")
-        return part
+        return await reading.content(self, principal, ref)
 
     async def delete_content(self, principal: str | None, ref: ContentRef) -> None:
-        await self._pipe(principal, ref.pipe)
-        stream, state, tag = self.keys.pipe(ref.pipe)
-        await self.link.call(
-            tag,
-            "FCALL",
-            _R + "delete_content",
-            2,
-            stream,
-            state,
-            ref.position,
-            ref.index,
-            write=True,
-        )
+        await reading.delete_content(self, principal, ref)
 
     async def dead_letter(
         self,
@@ -798,15 +714,9 @@ class RedisEngine:
         feed: str | None = None,
         headers: tuple[tuple[str, str], ...] = (),
     ) -> bool:
-
-        found = await self._pipe(principal, pipe)
-        stream, state, tag = self.keys.pipe(found.key)
-        taken = await self.link.call(
-            tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+        return await reading.dead_letter(
+            self, principal, pipe, position, reason, feed=feed, headers=headers
         )
-        if not taken:
-            raise NotFound("no message at that position")
-        return await publishing.dead_letter(self, found, taken[0], reason, headers, feed)
 
     def cursor(
         self,
@@ -885,11 +795,6 @@ class _SystemFeed:
     def joins(self) -> dict[str, JoinRec]:
         feed = self.cache.feeds.get(self.key)
         return {} if feed is None else feed.joins
-
-
-def _first(reply: list[Any]) -> int:
-    """The position of the first message a range reply holds (0: none)."""
-    return int(reply[4]) if len(reply) > 4 else 0
 
 
 if TYPE_CHECKING:  # the type checker proves the Redis engine is the whole service

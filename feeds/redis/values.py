@@ -224,3 +224,8 @@ def reheaded(
     spec = message_spec(fields)
     spec = MessageSpec(address=spec.address, props=spec.props, headers=headers + spec.headers)
     return spec, decode_parts(fields[6])
+
+
+def first_position(reply: list[Any]) -> int:
+    """The position of the first message a ``range`` reply holds (0: none)."""
+    return int(reply[4]) if len(reply) > 4 else 0
