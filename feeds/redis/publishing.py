@@ -12,6 +12,7 @@ raised (their positions stay gaps: a position is never issued twice).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     from .service import RedisEngine
 
 log = logging.getLogger(__name__)
+IN_FLIGHT = -1  # a claimed message id whose publish has not finished
 _R = "restms_v1_"
 Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
 
@@ -49,14 +51,10 @@ async def publish(
     seen: dict[str, int | None] = {}
     ids = [spec.prop("message_id") if window > 0 else None for spec in messages]
     wanted = sorted({i for i in ids if i})
-    if wanted:
-        found = await asyncio.gather(
-            *(
-                engine.link.call(_dedup_tag(engine, feed, i), "GET", engine.keys.dedup(feed.key, i))
-                for i in wanted
-            )
-        )
+    if wanted:  # each id claimed (SET NX): a concurrent publish of it on any node waits its turn
+        found = await asyncio.gather(*(_claim(engine, feed, i, window) for i in wanted))
         seen = {i: None if f is None else int(f) for i, f in zip(wanted, found, strict=True)}
+    claimed = [i for i in wanted if seen.get(i) is None]
     counts: list[int] = [0] * len(messages)
     routed: list[int] = []  # indexes of messages routed (not duplicates)
     first_of: dict[str, int] = {}
@@ -70,13 +68,17 @@ async def publish(
                 first_of[mid] = index
             routed.append(index)
     engine.counters.published += len(messages)
-    if feed.type in QUEUEING_TYPES:
-        placed, queued, committed = await _queueing(engine, feed, [items[i] for i in routed])
-        took = {i: 1 if n else 0 for i, n in zip(routed, placed, strict=True)}
-        placements: list[Placed] = []
-    else:
-        took, placements, committed = await _fanout(engine, feed, items, routed)
-        queued = 0
+    try:
+        if feed.type in QUEUEING_TYPES:
+            placed, queued, committed = await _queueing(engine, feed, [items[i] for i in routed])
+            took = {i: 1 if n else 0 for i, n in zip(routed, placed, strict=True)}
+            placements: list[Placed] = []
+        else:
+            took, placements, committed = await _fanout(engine, feed, items, routed)
+            queued = 0
+    except BaseException:
+        await _release(engine, feed, claimed)  # nothing was kept: the ids are free again
+        raise
     for index in routed:
         counts[index] = took[index]
     for index, count in enumerate(counts):
@@ -94,7 +96,7 @@ async def publish(
                     "SET",
                     engine.keys.dedup(feed.key, mid),
                     count,
-                    "NX",
+                    "XX",
                     "EX",
                     max(1, int(window)),
                     write=True,
@@ -114,6 +116,24 @@ async def publish(
 
 def _dedup_tag(engine: RedisEngine, feed: FeedRec, mid: str) -> str:
     return engine.keys.dedup(feed.key, mid)
+
+
+async def _claim(engine: RedisEngine, feed: FeedRec, mid: str, window: float) -> int | None:
+    """Claim a message id for this publish: None when it is ours; else the count of
+    the publish that routed it (0 while that one is still under way)."""
+    key = engine.keys.dedup(feed.key, mid)
+    ttl = max(1, int(window))
+    if await engine.link.call(key, "SET", key, IN_FLIGHT, "NX", "EX", ttl, write=True):
+        return None
+    old = await engine.link.call(key, "GET", key)
+    return max(0, int(old or 0))
+
+
+async def _release(engine: RedisEngine, feed: FeedRec, mids: list[str]) -> None:
+    for mid in mids:
+        key = engine.keys.dedup(feed.key, mid)
+        with contextlib.suppress(ServiceUnavailable):
+            await engine.link.call(key, "DEL", key, write=True)
 
 
 async def _contents(

@@ -13,6 +13,7 @@ from blockbuster import BlockBuster
 
 from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
+from feeds.service import FeedInfo, PipeInfo
 from restms.errors import NotFound
 
 from .conftest import SWEEP, forget_namespace
@@ -32,13 +33,19 @@ async def nodes(blockbuster: BlockBuster) -> AsyncIterator[tuple[RedisEngine, Re
     await forget_namespace(namespace)
 
 
+async def _joined(engine: RedisEngine, name: str) -> tuple[FeedInfo, PipeInfo]:
+    """A fanout feed and a pipe joined to it, made on ``engine``."""
+    feed = await new_feed(engine, name, "fanout")
+    pipe = await new_pipe(engine)
+    await join(engine, pipe, feed)
+    return feed, pipe
+
+
 async def test_a_read_waiting_on_one_node_wakes_for_a_publish_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    feed = await new_feed(first, "news", "fanout")
-    pipe = await new_pipe(first)
-    await join(first, pipe, feed)
+    _feed, pipe = await _joined(first, "news")
     reader = asyncio.create_task(first.read(ME, pipe.key, 1, wait=5.0))
     await asyncio.sleep(0.05)
     assert not reader.done()
@@ -82,12 +89,25 @@ async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    feed = await new_feed(first, "jobs", "fanout")
-    pipe = await new_pipe(first)
-    await join(first, pipe, feed)
+    feed, pipe = await _joined(first, "jobs")
     await publish(first, feed, msg("job"))
     assert await first.read(ME, pipe.key, 1, lease=True) is not None
     await first.close()  # the node that leased it is gone: another sweeps its bucket
     again = await second.read(ME, pipe.key, 2, wait=5.0)
     assert again is not None
     assert (text(again), again.redeliveries) == ("job", 1)
+
+
+async def test_one_message_id_published_on_two_nodes_at_once_is_routed_once(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    first, second = nodes
+    feed, pipe = await _joined(first, "orders")
+    for round_ in range(20):
+        mid = f"m{round_}"
+        both = await asyncio.gather(
+            first.publish(ME, feed.key, [msg(mid, mid=mid)]),
+            second.publish(ME, feed.key, [msg(mid, mid=mid)]),
+        )
+        assert sorted(result.duplicates for result in both) == [(False,), (True,)]
+    assert await texts(first, pipe) == [f"m{n}" for n in range(20)]
