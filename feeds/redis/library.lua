@@ -98,6 +98,20 @@ local function remove(s, h, id, fields)
   redis.call('HDEL', h, 'r:' .. pos, 'd:' .. pos)
 end
 
+-- A pipe's marks only grow: the highest position acknowledged ('acked') and the
+-- highest whose message left unacknowledged, never to be delivered again ('lost':
+-- dropped by overflow, expired, dead-lettered). A reader that resumes is told of a gap
+-- from them (feeds.values.PipeInfo.gap).
+local function mark(h, field, pos)
+  if num(pos) > num(redis.call('HGET', h, field)) then
+    redis.call('HSET', h, field, pos)
+  end
+end
+
+local function position_of(id)
+  return string.match(id, '%-(%d+)$')
+end
+
 local function pipe_key(s)
   return string.match(s, ':s:(.*)$')
 end
@@ -125,6 +139,7 @@ local function place(keys, args)
           local first = redis.call('XRANGE', s, '-', '+', 'COUNT', 1)[1]
           bytes = bytes - num(entry_field(first[2], 'z'))
           remove(s, h, first[1], first[2])
+          mark(h, 'lost', position_of(first[1]))
           len = len - 1
           out[at] = out[at] + 1
         end
@@ -183,6 +198,7 @@ local function unexpired(s, h, entries, now)
     local expires = entry_field(entry[2], 'e')
     if expires and num(expires) <= now then
       remove(s, h, entry[1], entry[2])
+      mark(h, 'lost', position_of(entry[1]))
       gone = gone + 1
     else
       kept[#kept + 1] = entry
@@ -235,6 +251,7 @@ local function ack(keys, args)
   if pos > num(redis.call('HGET', h, 'next')) then
     return 0 -- the asynclet or beyond: nothing (A7)
   end
+  mark(h, 'acked', pos)
   local gone = redis.call('XRANGE', s, '-', '0-' .. pos)
   if #gone == 0 then
     return 0
@@ -252,8 +269,9 @@ local function ack(keys, args)
   return #gone
 end
 
--- KEYS: s, h. ARGV: channel, position. Removes that one message; returns its record
--- and redeliveries, or nothing when it is not there.
+-- KEYS: s, h. ARGV: channel, position, and 'lost' when the message leaves for good
+-- unacknowledged (dead-lettered, or withdrawn). Removes that one message; returns its
+-- record and redeliveries, or nothing when it is not there.
 local function take_out(keys, args)
   local s, h = keys[1], keys[2]
   local found = redis.call('XRANGE', s, '0-' .. args[2], '0-' .. args[2])
@@ -262,6 +280,9 @@ local function take_out(keys, args)
   end
   local redelivered = num(redis.call('HGET', h, 'r:' .. args[2]))
   remove(s, h, found[1][1], found[1][2])
+  if args[3] == 'lost' then
+    mark(h, 'lost', args[2])
+  end
   redis.call('HINCRBY', h, 'ver', 1)
   redis.call('SPUBLISH', args[1], pipe_key(s))
   return {entry_field(found[1][2], 'm'), redelivered}
@@ -318,6 +339,8 @@ local function sweep(keys, args)
         if deleted then
           redis.call('HSET', h, 'd:' .. moved, deleted)
         end
+      else
+        mark(h, 'lost', pos)
       end
       redis.call('HINCRBY', h, 'ver', 1)
       woken[#woken + 1] = pipe

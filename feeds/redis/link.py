@@ -25,6 +25,7 @@ from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.connection import parse_url
 from redis.driver_info import DriverInfo
 
 from restms.errors import NotCommitted, ServiceUnavailable
@@ -57,13 +58,21 @@ def unavailable(exc: BaseException, write: bool) -> ServiceUnavailable:
 class Link:
     """One engine's connections to the cluster."""
 
-    def __init__(self, nodes: list[tuple[str, int]], replicas: int = 1, wait_ms: int = 1000):
-        self.cluster = RedisCluster(
-            startup_nodes=[ClusterNode(host, port) for host, port in nodes],
+    def __init__(self, url: str, replicas: int = 1, wait_ms: int = 1000):
+        self.cluster = RedisCluster.from_url(
+            url,
             decode_responses=False,
             driver_info=DRIVER,
             socket_timeout=5.0,
+            socket_connect_timeout=5.0,
         )
+        # How every master is reached besides its address (user, password, TLS): the
+        # subscriber's own connections need them too.
+        self.credentials: dict[str, Any] = {
+            key: value
+            for key, value in parse_url(url).items()
+            if key not in ("host", "port", "db", "path")
+        }
         self.replicas = replicas  # WAIT for this many replicas after a durable write
         self.wait_ms = wait_ms
         self.commits = 0  # durable writes confirmed
@@ -198,7 +207,7 @@ class Subscriber:
         pubsub = self._pubsubs.get(node.name)
         if pubsub is None:
             client = self._clients[node.name] = Redis(
-                host=node.host, port=int(node.port), driver_info=DRIVER
+                host=node.host, port=int(node.port), driver_info=DRIVER, **self.link.credentials
             )
             pubsub = client.pubsub()
             self._pubsubs[node.name] = pubsub

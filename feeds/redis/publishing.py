@@ -299,7 +299,16 @@ async def _withdraw(engine: RedisEngine, positions: dict[str, list[int]]) -> Non
             if position:
                 try:
                     await engine.link.call(
-                        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+                        tag,
+                        "FCALL",
+                        _R + "take_out",
+                        2,
+                        stream,
+                        state,
+                        tag,
+                        position,
+                        "lost",  # a reader may have seen it: told as a gap
+                        write=True,
                     )
                     engine.counters.withdrawn += 1
                 except ServiceUnavailable:

@@ -151,7 +151,7 @@ async def dead_letter(
     found = await engine._pipe(principal, pipe)
     stream, state, tag = engine.keys.pipe(found.key)
     taken = await engine.link.call(
-        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, "lost", write=True
     )
     if not taken:
         raise NotFound("no message at that position")

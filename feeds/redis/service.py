@@ -94,6 +94,7 @@ from .catalogue import (
 from .cursor import RedisCursor
 from .link import Link, Subscriber
 from .values import (
+    Figures,
     Settings,
     decode_message,
     domain_info,
@@ -109,7 +110,7 @@ CLOSE_WAIT = 5.0  # seconds each step of closing may take
 # How often a waiting read of an ondemand pipe asks its feeds' queues again: a queue
 # announces nothing when a message joins it.
 ONDEMAND_POLL = 0.05
-NODES = (("127.0.0.1", 7101), ("127.0.0.1", 7102), ("127.0.0.1", 7103))
+URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
 _R = "restms_v1_"  # the function library's prefix (library.lua)
@@ -121,15 +122,15 @@ class RedisEngine:
     def __init__(
         self,
         config: EngineConfig,
-        namespace: str,
-        nodes: Sequence[tuple[str, int]] = NODES,
+        url: str = URL,
         *,
+        namespace: str = "restms",
         sweep_interval: float = 1.0,
         replicas: int = 1,
     ) -> None:
         self.config = config
         self.keys = Keys(namespace)
-        self.link = Link(list(nodes), replicas=replicas)
+        self.link = Link(url, replicas=replicas)
         self.cache = Cache(config)
         self.counters = Counters()
         self.latency = Latency()
@@ -157,14 +158,17 @@ class RedisEngine:
     def open(
         cls,
         config: EngineConfig | None = None,
-        namespace: str = "restms",
-        nodes: Sequence[tuple[str, int]] = NODES,
+        url: str = URL,
         *,
+        namespace: str = "restms",
         sweep_interval: float = 1.0,
     ) -> RedisEngine:
-        """An engine on the cluster at ``nodes`` (any of its masters), its keys under
-        ``namespace``; call :meth:`start` before use."""
-        return cls(config or EngineConfig(), namespace, nodes, sweep_interval=sweep_interval)
+        """An engine on the cluster that ``url`` reaches (a seed node: ``redis://`` or
+        ``rediss://``, with ``user:password@`` when the cluster asks for one), its keys
+        under ``namespace``; call :meth:`start` before use."""
+        return cls(
+            config or EngineConfig(), url, namespace=namespace, sweep_interval=sweep_interval
+        )
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -412,12 +416,19 @@ class RedisEngine:
             raise NotFound(HIDDEN)
         return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter, hook)
 
-    async def _figures(self, pipe: str, use: bool = True) -> tuple[int, int | None, int, int]:
-        """Held, oldest, asynclet and the version of a pipe's messages."""
+    async def _figures(self, pipe: str, use: bool = True) -> Figures:
+        """Held, oldest, asynclet, the version of a pipe's messages and its marks."""
         _stream, state, tag = self.keys.pipe(pipe)
         reply = await self._range(pipe, 0, 0, use)
-        version = await self.link.call(tag, "HGET", state, "ver")
-        return reply[3], reply[2] or None, reply[0], int(version or 0)
+        version, acked, lost = await self.link.call(tag, "HMGET", state, "ver", "acked", "lost")
+        return Figures(
+            held=reply[3],
+            oldest=reply[2] or None,
+            asynclet=reply[0],
+            version=int(version or 0),
+            acked=int(acked or 0),
+            lost=int(lost or 0),
+        )
 
     async def domain(self, name: str) -> DomainInfo:
         found = self.cache.domains.get(name)
@@ -798,4 +809,4 @@ class _SystemFeed:
 
 
 if TYPE_CHECKING:  # the type checker proves the Redis engine is the whole service
-    _CONFORMS: EngineService = RedisEngine(EngineConfig(), "restms")
+    _CONFORMS: EngineService = RedisEngine(EngineConfig())

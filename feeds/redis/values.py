@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from restms.specs import EmbeddedContent, MessageSpec, PipeOptions
@@ -102,16 +103,26 @@ class Settings:
         )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Figures:
+    """What a pipe's stream and state hash say of its messages now."""
+
+    held: int
+    oldest: int | None
+    asynclet: int
+    version: int
+    acked: int  # the highest position acknowledged
+    lost: int  # the highest position gone unacknowledged (a gap for a resuming reader)
+
+
 def pipe_info(
     pipe: PipeRec,
     settings: Settings,
     joins: tuple[JoinInfo, ...],
-    figures: tuple[int, int | None, int, int],
+    figures: Figures,
     dead_letter_feed: str,
     hook: Hook | None,
 ) -> PipeInfo:
-    """``figures``: held, oldest, asynclet and the version of its messages."""
-    held, oldest, asynclet, version = figures
     options = tuple(
         (name, str(value)) for name, value in sorted(pipe.options.items()) if name != "webhook"
     )
@@ -126,9 +137,11 @@ def pipe_info(
         domain=pipe.domain,
         owner=pipe.owner,
         joins=joins,
-        held=held,
-        oldest=oldest,
-        asynclet=asynclet,
+        held=figures.held,
+        oldest=figures.oldest,
+        asynclet=figures.asynclet,
+        acked=figures.acked,
+        lost=figures.lost,
         durable=settings.durable,
         lease=settings.lease,
         max_deliveries=settings.max_deliveries,
@@ -147,7 +160,7 @@ def pipe_info(
             last_status=hook.last_status,
             last_error=hook.last_error,
         ),
-        version=pipe.version + version,
+        version=pipe.version + figures.version,
         modified=pipe.modified,
     )
 

@@ -87,11 +87,15 @@ async def _held(engine: RedisEngine, pipe: PipeRec, hook: Hook, position: int) -
     return False
 
 
-async def _settle(engine: RedisEngine, pipe: PipeRec, position: int) -> bytes | None:
-    """Take this one message out (concurrent deliveries finish in any order)."""
+async def _settle(
+    engine: RedisEngine, pipe: PipeRec, position: int, *, lost: bool = False
+) -> bytes | None:
+    """Take this one message out (concurrent deliveries finish in any order); ``lost``
+    when it leaves undelivered (given up: a gap for a reader that resumes)."""
     stream, state, tag = engine.keys.pipe(pipe.key)
+    mark = ("lost",) if lost else ()
     taken = await engine.link.call(
-        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, *mark, write=True
     )
     if not taken:
         return None
@@ -172,7 +176,7 @@ async def give_up(engine: RedisEngine, key: str, position: int, reason: str) -> 
         return
     made = hook.attempts.get(position, 0)
     why = (("x-delivery-count", str(made)), ("x-webhook-status", hook.last_status))
-    data = await _settle(engine, pipe, position)
+    data = await _settle(engine, pipe, position, lost=True)
     if data is not None:
         await dead_letter(engine, pipe, data, reason, why, None)
     hook.dead += 1

@@ -24,7 +24,7 @@ from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, tex
 async def nodes(blockbuster: BlockBuster) -> AsyncIterator[tuple[RedisEngine, RedisEngine]]:
     namespace = f"restms-test-{secrets.token_hex(6)}"
     config = EngineConfig(lease=0.1)
-    made = [RedisEngine.open(config, namespace, sweep_interval=SWEEP) for _ in range(2)]
+    made = [RedisEngine.open(config, namespace=namespace, sweep_interval=SWEEP) for _ in range(2)]
     for engine in made:
         await engine.start()
     yield made[0], made[1]
