@@ -1,6 +1,7 @@
 """Command line.
 
-``python main.py serve [--host H] [--port P] [--data-dir D] [--config F]`` runs the gateway;
+``python main.py serve [--host H] [--port P] [--data-dir D] [--config F] [--engine E]
+[--redis-url URL] [--workers N]`` runs the gateway;
 ``client add|list|remove|revoke`` manages the built-in OAuth server's clients;
 ``user hash`` prints the scrypt hash of a password for a ``[[users]]`` entry;
 ``analytics QUERY [--since S] [--until U] [--feed F] [--bucket B] [--limit N] [--json]``
@@ -19,7 +20,6 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from auth.clients import ClientStore
     from feeds.service import EngineService
     from gateway.server.config import Config
 
@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
         help="honour anonymous and guest/guest requests from any address (unsafe)",
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    serve.add_argument("--engine", help="embedded (default) or redis (docs/CLUSTER.md)")
+    serve.add_argument("--redis-url", help="a seed node of the Redis Cluster (engine redis)")
+    serve.add_argument(
+        "--workers", type=int, help="gateway processes on one port (default 1; needs redis)"
+    )
     client = verbs.add_parser("client", help="manage the built-in OAuth server's clients")
     client_verbs = client.add_subparsers(dest="action", required=True)
     add = client_verbs.add_parser("add", help="add a client and print its secret once")
@@ -129,65 +134,80 @@ def _user_hash() -> int:
 
 
 def _client(args: argparse.Namespace) -> int:
-    """``client add|list|remove``: edit ``<data_dir>/oauth/clients.json``; a running
-    gateway sees the change on its next token request."""
-    from pathlib import Path
+    """``client add|list|remove|revoke``: edit the client registry, the file
+    ``<data_dir>/oauth/clients.json`` or, with ``engine = "redis"``, the one every node
+    shares (docs/AUTH.md, section 16); a running gateway sees the change on its next
+    token request."""
+    import asyncio
 
-    from auth.clients import CLIENTS_FILE, ClientStore, parse_scopes
     from gateway.server.config import ConfigError, load
 
     try:
         config = load(args.config, overrides={"data_dir": args.data_dir})
-        store = ClientStore(Path(config.data_dir) / CLIENTS_FILE)
-        if args.action == "add":
-            if args.name == "guest":
-                raise ValueError("'guest' is the loopback guest: choose another client id")
-            secret = store.add(args.name, parse_scopes(args.scopes))
-            print(f"client_id: {args.name}")
-            print(f"client_secret: {secret}")
-            print("Keep the secret now: only its hash is stored, it cannot be shown again.")
-        elif args.action == "remove":
-            try:
-                store.remove(args.name)
-            except KeyError:
-                raise ValueError(f"no client {args.name!r} in {store.path}") from None
-            print(
-                f"removed client {args.name}; tokens it holds stay valid until they expire"
-                " (main.py client revoke also refuses them)"
-            )
-        elif args.action == "revoke":
-            _revoke(config, store, args.name)
-        else:
-            clients = store.clients()
-            for client in clients:
-                print(client.client_id, " ".join(client.scopes), sep="\t")
-            if not clients:
-                print(f"main.py: no clients in {store.path}", file=sys.stderr)
+        asyncio.run(_client_verb(args, config))
     except (ConfigError, ValueError, OSError) as exc:
         print(f"main.py: {exc}", file=sys.stderr)
         return 2
     return 0
 
 
-def _revoke(config: Config, store: ClientStore, name: str) -> None:
-    """``client revoke``: record the revocation (a running gateway on this data
-    directory reads it within a second and ends what the client's tokens hold open),
-    then remove the client, then record it again, as ``DELETE /admin/clients/{id}``
-    does. A client removed before can still be revoked: its tokens are refused."""
+async def _client_verb(args: argparse.Namespace, config: Config) -> None:
     from pathlib import Path
 
-    from auth.revocations import REVOKED_FILE, Revocations
+    from auth import cluster
+    from auth.clients import CLIENTS_FILE, Clients, ClientStore, FileClients, parse_scopes
+    from auth.revocations import REVOKED_FILE, RevocationList, Revocations
 
-    if any(c.client_id == name for c in config.clients):
-        raise ValueError(f"client {name!r} is in the configuration file: remove it there")
-    revocations = Revocations(
-        Path(config.data_dir) / REVOKED_FILE, config.token_ttl + config.token_leeway
-    )
-    revocations.revoke(name)
-    with contextlib.suppress(KeyError):
-        store.remove(name)
-    revocations.revoke(name)
-    print(f"revoked client {name}: removed, and its tokens are refused")
+    keep = config.token_ttl + config.token_leeway
+    shared = cluster.for_settings(config)
+    store: Clients
+    revocations: RevocationList
+    if shared is None:
+        where = str(Path(config.data_dir) / CLIENTS_FILE)
+        store = FileClients(ClientStore(Path(config.data_dir) / CLIENTS_FILE))
+        revocations = Revocations(Path(config.data_dir) / REVOKED_FILE, keep)
+    else:
+        where = "the shared client registry"
+        store, revocations = cluster.RedisClients(shared), cluster.RedisRevocations(shared, keep)
+    try:
+        if args.action == "add":
+            if args.name == "guest":
+                raise ValueError("'guest' is the loopback guest: choose another client id")
+            secret = await store.add(args.name, parse_scopes(args.scopes))
+            print(f"client_id: {args.name}")
+            print(f"client_secret: {secret}")
+            print("Keep the secret now: only its hash is stored, it cannot be shown again.")
+        elif args.action == "remove":
+            try:
+                await store.remove(args.name)
+            except KeyError:
+                raise ValueError(f"no client {args.name!r} in {where}") from None
+            print(
+                f"removed client {args.name}; tokens it holds stay valid until they expire"
+                " (main.py client revoke also refuses them)"
+            )
+        elif args.action == "revoke":
+            # Recorded, removed, recorded again, as DELETE /admin/clients/{id} does; a
+            # running gateway (every node) reads it within a second and ends what the
+            # client's tokens hold open. A client removed before can still be revoked.
+            if any(c.client_id == args.name for c in config.clients):
+                raise ValueError(
+                    f"client {args.name!r} is in the configuration file: remove it there"
+                )
+            await revocations.record(args.name)
+            with contextlib.suppress(KeyError):
+                await store.remove(args.name)
+            await revocations.record(args.name)
+            print(f"revoked client {args.name}: removed, and its tokens are refused")
+        else:
+            clients = await store.clients()
+            for client in clients:
+                print(client.client_id, " ".join(client.scopes), sep="\t")
+            if not clients:
+                print(f"main.py: no clients in {where}", file=sys.stderr)
+    finally:
+        if shared is not None:
+            await shared.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -211,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
         "data_dir": args.data_dir,
         "insecure": args.insecure,
         "log_level": args.log_level,
+        "engine": args.engine,
+        "redis_url": args.redis_url,
+        "workers": args.workers,
     }
     try:
         config = load(args.config, overrides=overrides)
@@ -227,16 +250,22 @@ def main(argv: list[str] | None = None) -> int:
     from gateway.server.run import run
 
     try:
-        run(config, open_engine)
+        return run(config, open_engine)
     except DataDirError as exc:  # held by another gateway, or not writable
         print(f"main.py: {exc}", file=sys.stderr)
         return 1
-    return 0
 
 
 def open_engine(config: Config) -> EngineService:
     """The engine the gateway runs on: the composition root's one choice. The embedded
-    engine (memory, and SQLite in the data directory) is the only one so far."""
+    engine (memory, and SQLite in the data directory) by default; the Redis Cluster's
+    with ``engine = "redis"``."""
+    if config.engine == "redis":
+        from feeds.redis import RedisEngine
+
+        return RedisEngine.open(
+            config.engine_config(), config.redis_url, namespace=config.redis_namespace
+        )
     from feeds.embedded import EmbeddedEngine
 
     return EmbeddedEngine.open(

@@ -6,15 +6,15 @@ must be accepted by all, a client revoked on one refused by all, and a guesser m
 get N times the tries from N nodes. What one node keeps in its data directory
 otherwise (:mod:`auth.issuer`, :mod:`auth.clients`, :mod:`auth.revocations`) and the
 per-account bound on failed secret checks (:mod:`auth.limits`) live here instead, in
-keys of one hash tag (``P`` is the namespace prefix: "" in production, a test run's own
-otherwise)::
+keys of one hash tag (``N`` is the ``redis_namespace`` setting, ``restms`` by default,
+which the engine's keys use too)::
 
-    P{restms:auth}:signing-key       string: PEM of the token signing key (SET NX: the
-                                     first node's key wins, the others read it)
-    P{restms:auth}:clients           hash: client id -> {"secret_hash", "scopes"} (JSON)
-    P{restms:auth}:revoked           hash: client id -> Unix time of its revocation
-    P{restms:auth}:failures:<sha256> hash: one account's bucket of failed secret checks
-                                     (tokens, at), expiring once it would be full again
+    {N:auth}:signing-key        string: PEM of the token signing key (SET NX: the
+                                first node's key wins, the others read it)
+    {N:auth}:clients            hash: client id -> {"secret_hash", "scopes"} (JSON)
+    {N:auth}:revoked            hash: client id -> Unix time of its revocation
+    {N:auth}:failures:<sha256>  hash: one account's bucket of failed secret checks
+                                (tokens, at), expiring once it would be full again
 
 One hash tag keeps the few multi-key needs in one slot and the traffic is small (token
 requests, failed logins, revocations; never a request that carries a valid token).
@@ -62,11 +62,11 @@ from .revocations import MARGIN, refused
 
 log = logging.getLogger(__name__)
 
-AUTH_TAG = "restms:auth"
+AUTH_TAG = "auth"
 TIMEOUT = 2.0  # seconds a Redis call may take before it is a failure (and a 503)
 STALE_AFTER = 3.0  # seconds without reading the revocation list: tokens refused (503)
 REPLICA_WAIT = 1.0  # seconds a new signing key waits for a replica to have it
-_PREFIX = re.compile(r"[A-Za-z0-9._:-]{0,64}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # inside a hash tag: no braces
 # Told to the server (CLIENT SETINFO); given, so that opening a connection does not read
 # the package's metadata from disk (a blocking call on the event loop).
 _DRIVER = redis.DriverInfo(lib_version=redis.__version__)
@@ -92,18 +92,19 @@ class Shared:
     """A connection to the Redis Cluster and the namespace the gateway's keys live in.
 
     Opening one does no I/O: the cluster is reached on the first call (and its layout
-    learnt again after a failover by the client itself). ``prefix`` lets tests, or two
-    gateways on one cluster, keep apart: letters, digits and ``. _ : -``.
+    learnt again after a failover by the client itself). The ``namespace`` (the
+    ``redis_namespace`` setting, which the engine's keys use too) lets two gateways, or
+    tests, share one cluster apart: 1 to 64 letters, digits and ``. _ -``.
     """
 
-    def __init__(self, cluster: RedisCluster, prefix: str = "") -> None:
-        if not _PREFIX.fullmatch(prefix):
-            raise ValueError("the shared state's prefix must be up to 64 of A-Z a-z 0-9 . _ : -")
+    def __init__(self, cluster: RedisCluster, namespace: str = "restms") -> None:
+        if not _NAMESPACE.fullmatch(namespace):
+            raise ValueError("the shared state's namespace must be 1 to 64 of A-Z a-z 0-9 . _ -")
         self.redis = cluster
-        self.prefix = prefix
+        self.namespace = namespace
 
     @classmethod
-    def open(cls, url: str, prefix: str = "") -> Shared:
+    def open(cls, url: str, namespace: str = "restms") -> Shared:
         """The cluster reached through the seed node ``url`` (``redis://`` or
         ``rediss://``, which may carry ``user:password@``)."""
         cluster = RedisCluster.from_url(
@@ -113,18 +114,18 @@ class Shared:
             decode_responses=False,
             driver_info=_DRIVER,
         )
-        return cls(cluster, prefix)
+        return cls(cluster, namespace)
 
     def key(self, tag: str, *parts: str) -> str:
-        """``<prefix>{<tag>}:<part>:<part>``: every key of one tag in one slot."""
-        return f"{self.prefix}{{{tag}}}:" + ":".join(parts)
+        """``{<namespace>:<tag>}:<part>:<part>``: every key of one tag in one slot."""
+        return f"{{{self.namespace}:{tag}}}:" + ":".join(parts)
 
     async def close(self) -> None:
         await self.redis.aclose()
 
 
 class Settings(Protocol):
-    """The two settings that say where the shared state is (the gateway's Config)."""
+    """The settings that say where the shared state is (the gateway's Config)."""
 
     @property
     def engine(self) -> str: ...
@@ -132,14 +133,17 @@ class Settings(Protocol):
     @property
     def redis_url(self) -> str: ...
 
+    @property
+    def redis_namespace(self) -> str: ...
 
-def for_settings(settings: Settings, prefix: str = "") -> Shared | None:
+
+def for_settings(settings: Settings) -> Shared | None:
     """The shared state of a configuration: the Redis Cluster at ``redis_url`` when the
     engine is ``"redis"`` (every node of one gateway shares it); None for the embedded
     engine, whose node keeps its own in its data directory and memory."""
     if settings.engine != "redis":
         return None
-    return Shared.open(settings.redis_url, prefix)
+    return Shared.open(settings.redis_url, settings.redis_namespace)
 
 
 # ---------------------------------------------------------------- the signing key

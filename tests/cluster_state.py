@@ -42,12 +42,12 @@ def redis_cluster() -> str:
 
 @pytest.fixture
 async def namespace(redis_cluster: str) -> AsyncIterator[str]:
-    """A key prefix no other test uses; its keys are deleted after the test."""
-    prefix = f"test-{uuid.uuid4().hex[:12]}:"
-    yield prefix
-    cleaner = Shared.open(redis_cluster, prefix)
+    """A key namespace no other test uses; its keys are deleted after the test."""
+    name = f"test-{uuid.uuid4().hex[:12]}"
+    yield name
+    cleaner = Shared.open(redis_cluster, name)
     try:
-        async for key in cleaner.redis.scan_iter(match=prefix + "*"):
+        async for key in cleaner.redis.scan_iter(match=f"{{{name}:*"):
             await cleaner.redis.delete(key)
     finally:
         await cleaner.close()
@@ -72,7 +72,7 @@ async def other(redis_cluster: str, namespace: str) -> AsyncIterator[Shared]:
 @pytest.fixture
 async def dead() -> AsyncIterator[Shared]:
     """A connection to a cluster that does not answer."""
-    state = Shared.open(DEAD, "dead:")
+    state = Shared.open(DEAD, "dead")
     yield state
     await state.close()
 

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import web
 from blockbuster import BlockBuster, blockbuster_ctx
 
+import feeds.redis  # noqa: F401  (imported here, not on a test's event loop: it reads a file)
 from feeds.embedded import EmbeddedEngine
 from feeds.engine import Engine
 from feeds.store import Store
@@ -23,6 +24,7 @@ from gateway.server.connections import GatewayRunner
 from gateway.server.keys import SERVICE
 from gateway.server.run import make_runner, start_site
 from main import open_engine
+from tests import nodes
 
 
 @dataclasses.dataclass
@@ -33,6 +35,8 @@ class Gateway:
     app: web.Application
     http: aiohttp.ClientSession
     runner: GatewayRunner | None = None
+    # Several nodes behind a proxy (tests/nodes.py): what stops them, in order.
+    closers: list[Callable[[], Awaitable[None]]] = dataclasses.field(default_factory=list)
 
     async def stop(self) -> None:
         """Shut this gateway down as a clean exit does (its store is committed, closed)."""
@@ -40,6 +44,9 @@ class Gateway:
         if self.runner is not None:
             runner, self.runner = self.runner, None
             await runner.cleanup()
+        closers, self.closers = self.closers, []
+        for close in closers:
+            await close()
 
     @property
     def embedded(self) -> EmbeddedEngine:
@@ -108,23 +115,44 @@ def blockbuster() -> Iterator[BlockBuster]:
 
 
 @pytest.fixture
-async def make_gateway(tmp_path: Path, blockbuster: BlockBuster) -> AsyncIterator[MakeGateway]:
+def topology(request: pytest.FixtureRequest) -> str:
+    """How :func:`make_gateway`'s gateways run: ``one`` gateway on the embedded engine,
+    or ``three-nodes`` on the cluster engine behind a round-robin proxy (tests/nodes.py:
+    modules marked ``nodes`` run every test both ways)."""
+    return str(getattr(request, "param", "one"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "topology" in metafunc.fixturenames and metafunc.definition.get_closest_marker("nodes"):
+        metafunc.parametrize("topology", nodes.TOPOLOGIES, indirect=True)
+
+
+@pytest.fixture
+async def make_gateway(
+    tmp_path: Path, blockbuster: BlockBuster, topology: str
+) -> AsyncIterator[MakeGateway]:
     """Start real gateways on 127.0.0.1 (random ports) with config overrides.
 
     Built as production builds them (``gateway.server.run``). With ``tls_cert`` and
     ``tls_key`` overrides the gateway serves HTTPS; ``client_ssl`` is then the context
-    its client session verifies the server with.
+    its client session verifies the server with. In the ``three-nodes`` topology each
+    gateway is three nodes of the cluster engine, reached through a round-robin proxy.
     """
     started: list[Gateway] = []
 
     async def start(*, client_ssl: ssl.SSLContext | None = None, **overrides: Any) -> Gateway:
         overrides.setdefault("data_dir", str(tmp_path / "var"))
-        app, runner, url = await serve(Config(port=0, **overrides))
+        closers: list[Callable[[], Awaitable[None]]] = []
+        if topology == "three-nodes":
+            app, url, closers = await nodes.start(serve, Config, overrides)
+            runner = None
+        else:
+            app, runner, url = await serve(Config(port=0, **overrides))
         connector = aiohttp.TCPConnector(ssl=client_ssl) if client_ssl is not None else None
         session = aiohttp.ClientSession(
             base_url=url, timeout=aiohttp.ClientTimeout(total=30), connector=connector
         )
-        started.append(Gateway(url=url, app=app, http=session, runner=runner))
+        started.append(Gateway(url=url, app=app, http=session, runner=runner, closers=closers))
         return started[-1]
 
     yield start

@@ -16,10 +16,10 @@ the store) is what stops duplicates; or, when several nodes serve one gateway, i
 Redis Cluster (:class:`RedisReplies`), so that a retry sent to another node gets the
 reply the first one gave, not a second publish (docs/AUTH.md, "Several nodes")::
 
-    P{restms:idem}:replies     hash: scope digest -> reply (body size, meta JSON, body)
-    P{restms:idem}:order       sorted set: scope digest by when kept (server ms)
-    P{restms:idem}:bytes       the bytes of bodies the hash holds
-    P{restms:idem}:run:<scope> "a first request is being served" (SET NX, 120 s at most)
+    {N:idem}:replies     hash: scope digest -> reply (body size, meta JSON, body)
+    {N:idem}:order       sorted set: scope digest by when kept (server ms)
+    {N:idem}:bytes       the bytes of bodies the hash holds
+    {N:idem}:run:<scope> "a first request is being served" (SET NX, 120 s at most)
 
 A scope digest is the SHA-256 of principal, path and key. One hash tag keeps the
 bounds (window, count, bytes: the same settings) exact with one script a call; the
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 HEADER = istr("Idempotency-Key")  # istr: looked up on every POST (see authn.authenticate)
 MAX_KEY = 255
 _KEPT_HEADERS = ("Content-Type", "Location")
-TAG = "restms:idem"
+TAG = "idem"
 RUNNING_TTL = 120.0  # seconds a first request is taken to be running at most (shared store)
 
 Scope = tuple[str, str, str]  # principal, path, key

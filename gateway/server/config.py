@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tomllib
 import urllib.parse
 from collections.abc import Mapping
@@ -29,6 +30,9 @@ from gateway.webhooks.guard import parse_allow, split_allow
 from restms.specs import MessageLimits
 from restms.webhook import WebhookLimits
 from restms.xmlcodec import CodecLimits
+
+MAX_WORKERS = 256  # gateway processes one serve command may start
+_NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # inside a Redis hash tag: no braces
 
 
 class ConfigError(Exception):
@@ -153,8 +157,11 @@ class Config:
     keepalive_timeout: float = 75.0  # seconds an idle keep-alive connection stays open
     tls_cert: str = ""  # PEM certificate chain: with tls_key, the gateway serves HTTPS
     tls_key: str = field(default="", repr=False)
+    # the engine (docs/CLUSTER.md): "embedded" in this process, or "redis" shared by nodes
     engine: str = "embedded"
-    redis_url: str = field(default="redis://127.0.0.1:7101", repr=False)
+    redis_url: str = field(default="redis://127.0.0.1:7101", repr=False)  # a seed node
+    redis_namespace: str = "restms"  # key prefix: several gateways may share one cluster
+    workers: int = 1  # gateway processes on one port (SO_REUSEPORT); above 1 needs "redis"
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
@@ -218,6 +225,7 @@ class Config:
             raise ConfigError('legacy_default_feed_type must be "" or "direct"')
         if self.store not in ("sqlite", "memory"):
             raise ConfigError('store must be "sqlite" or "memory"')
+        self._check_engine()
         if self.store_sync not in ("full", "normal"):
             raise ConfigError('store_sync must be "full" or "normal"')
         keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
@@ -341,6 +349,25 @@ class Config:
     def lake(self) -> str:
         """Where the mirror writes: ``mirror_lake``, or ``lake`` in the data directory."""
         return self.mirror_lake or str(Path(self.data_dir) / "lake")
+
+    def _check_engine(self) -> None:
+        if self.engine not in ("embedded", "redis"):
+            raise ConfigError('engine must be "embedded" or "redis"')
+        url = urllib.parse.urlsplit(self.redis_url)
+        if url.scheme not in ("redis", "rediss") or not url.hostname:
+            # The URL may carry a password: the message never repeats it.
+            raise ConfigError("redis_url must be redis://host:port or rediss://host:port")
+        if not _NAMESPACE.fullmatch(self.redis_namespace):
+            raise ConfigError("redis_namespace must be 1 to 64 of A-Z a-z 0-9 . _ -")
+        if not 1 <= self.workers <= MAX_WORKERS:
+            raise ConfigError(f"workers must be from 1 to {MAX_WORKERS}")
+        if self.workers > 1 and self.engine != "redis":
+            raise ConfigError(
+                'workers above 1 need engine = "redis": the embedded engine\'s pipes live '
+                "in one process, so a second process would serve other pipes (docs/CLUSTER.md)"
+            )
+        if self.workers > 1 and self.port == 0:
+            raise ConfigError("workers above 1 need a fixed port: with port 0 each picks its own")
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

@@ -27,6 +27,7 @@ from gateway.server.config import Config, ConfigError
 from gateway.server.connections import ConnectionLimits, GatewayRunner
 from gateway.server.datalock import lock_data_dir
 from gateway.server.shutdown import CANCEL_WAIT, IN_FLIGHT
+from gateway.server.workers import Supervisor
 
 log = logging.getLogger("gateway")
 
@@ -72,8 +73,11 @@ def tls_context(cert: str, key: str) -> ssl.SSLContext:
     return context
 
 
-async def start_site(runner: web.AppRunner, config: Config, host: str, port: int) -> web.TCPSite:
-    """Listen on ``host:port`` (HTTPS when ``config`` has a certificate) for ``runner``.
+async def start_site(
+    runner: web.AppRunner, config: Config, host: str, port: int, *, reuse_port: bool = False
+) -> web.TCPSite:
+    """Listen on ``host:port`` (HTTPS when ``config`` has a certificate) for ``runner``,
+    beside other processes on the same port with ``reuse_port`` (``serve --workers``).
 
     Raises :class:`ConfigError` when the certificate cannot be loaded and
     :class:`OSError` when the address cannot be listened on.
@@ -81,12 +85,16 @@ async def start_site(runner: web.AppRunner, config: Config, host: str, port: int
     context = None
     if config.tls_cert:
         context = await asyncio.to_thread(tls_context, config.tls_cert, config.tls_key)
-    site = web.TCPSite(runner, host, port, ssl_context=context, backlog=4096)
+    site = web.TCPSite(
+        runner, host, port, ssl_context=context, backlog=4096, reuse_port=reuse_port or None
+    )
     await site.start()
     return site
 
 
-async def serve(config: Config, open_engine: Callable[[Config], EngineService]) -> None:
+async def serve(
+    config: Config, open_engine: Callable[[Config], EngineService], *, reuse_port: bool = False
+) -> None:
     app = build_app(config, open_engine(config))
     runner = make_runner(app, config)
     in_flight = app[IN_FLIGHT]
@@ -106,7 +114,7 @@ async def serve(config: Config, open_engine: Callable[[Config], EngineService]) 
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
     try:
-        site = await start_site(runner, config, config.host, config.port)
+        site = await start_site(runner, config, config.host, config.port, reuse_port=reuse_port)
     except ConfigError as exc:
         await runner.cleanup()
         raise SystemExit(str(exc)) from exc
@@ -139,12 +147,16 @@ async def serve(config: Config, open_engine: Callable[[Config], EngineService]) 
     log.info("stopped")
 
 
-def run(config: Config, open_engine: Callable[[Config], EngineService]) -> None:
+def run(config: Config, open_engine: Callable[[Config], EngineService]) -> int:
     """Serve on the engine ``open_engine`` makes until stopped, holding the data
     directory's lock (before the loop runs and before anything in the directory is
-    opened); DataDirError if another holds it."""
+    opened); DataDirError if another holds it. With ``workers`` above 1, that many
+    gateway processes share the port (:mod:`gateway.server.workers`). The exit code."""
     lock = lock_data_dir(config.data_dir)
     try:
+        if config.workers > 1:
+            return Supervisor(config, open_engine, serve).run()
         uvloop.run(serve(config, open_engine))
+        return 0
     finally:
         os.close(lock)

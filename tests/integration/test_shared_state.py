@@ -52,7 +52,7 @@ async def test_every_node_signs_with_the_key_the_first_one_made(
 
 async def test_another_namespace_has_another_key(shared: Shared, redis_cluster: str) -> None:
     mine = await signing_key(shared)
-    elsewhere = Shared.open(redis_cluster, shared.prefix + "x:")
+    elsewhere = Shared.open(redis_cluster, shared.namespace + "x")
     try:
         theirs = await signing_key(elsewhere)
         assert theirs.kid != mine.kid
@@ -214,7 +214,7 @@ async def test_replies_are_bounded_by_count_bytes_and_window(shared: Shared) -> 
     await replies.end(scopes[3], reply(b"x" * 200))  # over the bytes: the older ones go
     assert await replies.begin(scopes[1]) is None
     await replies.end(scopes[1], None)
-    held = await shared.redis.get(shared.key("restms:idem", "bytes"))
+    held = await shared.redis.get(shared.key("idem", "bytes"))
     assert 200 < int(held) <= 300
     big = ("p", "/f", "big")
     await replies.begin(big)
@@ -254,14 +254,15 @@ async def test_the_engine_setting_says_where_the_state_is() -> None:
     class Settings:
         engine = "embedded"
         redis_url = "redis://user:pw@127.0.0.1:7101"
+        redis_namespace = "ns"
 
     assert for_settings(Settings()) is None
     Settings.engine = "redis"
-    state = for_settings(Settings(), "ns:")
+    state = for_settings(Settings())
     assert state is not None
     try:
-        assert state.key("t", "a", "b") == "ns:{t}:a:b"
-        with pytest.raises(ValueError, match="prefix"):
+        assert state.key("t", "a", "b") == "{ns:t}:a:b"
+        with pytest.raises(ValueError, match="namespace"):
             Shared(state.redis, "{bad}")
     finally:
         await state.close()

@@ -181,3 +181,43 @@ def test_max_attributes_reaches_the_decoders_and_is_at_least_1() -> None:
     assert Config().codec.max_attributes == 64
     with pytest.raises(ConfigError, match="max_attributes must be at least 1"):
         Config(max_attributes=0)
+
+
+def test_the_engine_is_chosen_by_file_env_and_flag(tmp_path: Path) -> None:
+    assert (load(env={}).engine, load(env={}).workers) == ("embedded", 1)
+    path = tmp_path / "gw.toml"
+    path.write_text('engine = "redis"\nredis_url = "redis://127.0.0.1:7102"\n')
+    config = load(str(path), env={"RESTMS_WORKERS": "3"}, overrides={"redis_url": None})
+    assert (config.engine, config.redis_url, config.workers) == (
+        "redis",
+        "redis://127.0.0.1:7102",
+        3,
+    )
+    config = load(env={"RESTMS_ENGINE": "redis"}, overrides={"workers": 2, "engine": None})
+    assert (config.engine, config.workers) == ("redis", 2)
+
+
+@pytest.mark.parametrize(
+    ("settings", "needle"),
+    [
+        ({"engine": "postgres"}, 'engine must be "embedded" or "redis"'),
+        ({"workers": 2}, 'workers above 1 need engine = "redis"'),
+        ({"engine": "redis", "workers": 0}, "workers must be from 1 to 256"),
+        ({"engine": "redis", "workers": 257}, "workers must be from 1 to 256"),
+        ({"engine": "redis", "workers": 2, "port": 0}, "need a fixed port"),
+        ({"engine": "redis", "redis_url": "http://127.0.0.1:7101"}, "redis_url must be"),
+        ({"engine": "redis", "redis_url": "redis://"}, "redis_url must be"),
+        ({"engine": "redis", "redis_namespace": "a}b"}, "redis_namespace must be"),
+        ({"engine": "redis", "redis_namespace": ""}, "redis_namespace must be"),
+    ],
+)
+def test_engine_settings_are_checked(settings: dict[str, object], needle: str) -> None:
+    with pytest.raises(ConfigError, match=needle):
+        Config(**settings)  # type: ignore[arg-type]
+
+
+def test_a_refused_redis_url_never_shows_its_password() -> None:
+    with pytest.raises(ConfigError) as refused:
+        Config(redis_url="http://user:s3cret-pass@127.0.0.1:7101")
+    assert "s3cret-pass" not in str(refused.value)
+    assert "s3cret-pass" not in repr(Config(redis_url="redis://:s3cret-pass@127.0.0.1:7101"))

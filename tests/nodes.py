@@ -1,0 +1,91 @@
+"""Several gateway nodes on the Redis Cluster engine behind a round-robin proxy.
+
+A test module marked ``pytest.mark.nodes`` runs each of its tests twice: on one
+gateway (the embedded engine), and on three nodes of the cluster engine that share
+one key namespace, each request sent to the next node in turn (tests/roundrobin.py):
+a pipe made through one node is read through another, published to through a third
+and acknowledged through the first, as a load balancer with no sticky sessions does.
+Only the namespace is the test's own, on the project's cluster (127.0.0.1:7101-7106,
+``scripts/cluster up``); its keys are deleted afterwards.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+from aiohttp import web
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from tests.roundrobin import RoundRobinProxy
+
+NODES = 3
+CLUSTER_URL = "redis://127.0.0.1:7101"
+TOPOLOGIES = ("one", "three-nodes")
+# Given, so that making a client does not read the package's metadata from disk (a
+# blocking call on the event loop).
+DRIVER = redis.DriverInfo(lib_version=redis.__version__)
+
+
+def namespace() -> str:
+    """A namespace of the test's own on the shared cluster."""
+    return f"restms-test-{secrets.token_hex(6)}"
+
+
+async def forget(name: str) -> None:
+    """Delete every key of the namespace ``name`` on every master."""
+    cluster = RedisCluster.from_url(CLUSTER_URL, driver_info=DRIVER)
+    try:
+        await cluster.initialize()
+        for node in cluster.get_primaries():
+            async with Redis(host=node.host, port=node.port, driver_info=DRIVER) as master:
+                keys = [key async for key in master.scan_iter(match=f"{{{name}:*", count=1000)]
+            for key in keys:  # one at a time: keys of several slots cannot share one
+                await cluster.unlink(key)
+    finally:
+        await cluster.aclose()
+
+
+Closer = Callable[[], Awaitable[None]]
+Serve = Callable[[Any], Awaitable[tuple[web.Application, Any, str]]]
+
+
+async def start(
+    serve: Serve, config: Callable[..., Any], overrides: dict[str, Any]
+) -> tuple[web.Application, str, list[Closer]]:
+    """Three nodes of one gateway (``serve`` each with ``config(**overrides)`` on the
+    cluster engine, a data directory each) and the proxy in front: the first node's
+    app, the proxy's URL and what stops them all, in order."""
+    name = namespace()
+    # The proxy first: the nodes serve its address, as nodes behind a load balancer
+    # are told the public URL clients use.
+    proxy = await RoundRobinProxy([]).start()
+    closers: list[Closer] = [proxy.close]
+    apps = []
+    try:
+        for i in range(NODES):
+            settings = {
+                "public_url": proxy.url,
+                **overrides,
+                "engine": "redis",
+                "redis_url": CLUSTER_URL,
+                "redis_namespace": name,
+                "data_dir": f"{overrides['data_dir']}-node{i}",
+            }
+            app, runner, url = await serve(config(port=0, **settings))
+            closers.append(runner.cleanup)
+            apps.append(app)
+            proxy.add(url)
+    except BaseException:
+        for close in closers:
+            await close()
+        await forget(name)
+        raise
+
+    async def forget_namespace() -> None:
+        await forget(name)
+
+    return apps[0], proxy.url, [*closers, forget_namespace]
