@@ -431,12 +431,16 @@ class RedisEngine:
         )
 
     async def domain(self, name: str) -> DomainInfo:
+        # Listings read the catalogue as it is now: a feed another node made (or
+        # deleted) a moment ago is listed (or not), whichever node a client asks.
+        await self._fresh()
         found = self.cache.domains.get(name)
         if found is None:
             raise NotFound(f"no domain named {name!r}")
         return domain_info(found, [f.key for f in self.cache.public_feeds(name)])
 
     async def domains(self) -> tuple[DomainInfo, ...]:
+        await self._fresh()
         return tuple([await self.domain(name) for name in self.cache.domains])
 
     async def feed(self, principal: str | None, key: str) -> FeedInfo:
@@ -459,6 +463,7 @@ class RedisEngine:
         return await self._pipe_info(await self._pipe(principal, key))
 
     async def pipes(self, principal: str) -> tuple[PipeInfo, ...]:
+        await self._fresh()
         mine = [p for p in self.cache.pipes.values() if p.owner == principal]
         return tuple([await self._pipe_info(p) for p in mine])
 
@@ -485,6 +490,7 @@ class RedisEngine:
         return tuple(self._feed_info(f) for f in feeds.values())
 
     async def owned(self, principal: str) -> Owned:
+        await self._fresh()
         cache = self.cache
         pipes = [p for p in cache.pipes.values() if p.owner == principal]
         return Owned(
@@ -629,6 +635,8 @@ class RedisEngine:
         lease: bool = False,
     ) -> Message | None:
         found = await self._pipe(principal, pipe)
+        if position < 1:  # never issued (and 0 asks the stream for its oldest: not that)
+            raise NotFound("no message at that position")
         deadline = time.monotonic() + wait
         if wait > 0:
             if self._closing:
@@ -678,6 +686,8 @@ class RedisEngine:
 
     async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
         found = await self._pipe(principal, pipe)
+        if position < 1:
+            return None
         reply = await self._range(found.key, position, 1)
         if first_position(reply) != position:
             return None

@@ -56,6 +56,15 @@ async def test_A5_reads_beyond_the_asynclet_or_before_the_first_are_404(
         await engine.read(ME, pipe.key, 1)  # acknowledged: gone
 
 
+async def test_A5_position_0_of_an_empty_pipe_is_404_not_a_failure(
+    engine: EngineService,
+) -> None:
+    _, pipe = await _news(engine)
+    with pytest.raises(NotFound):
+        await engine.read(ME, pipe.key, 0, lease=True)
+    assert await engine.look(ME, pipe.key, 0) is None
+
+
 # ---------------------------------------------------------------- acknowledgement (D4, A7)
 async def test_D4_ack_removes_the_message_and_every_older_one(engine: EngineService) -> None:
     feed, pipe = await _news(engine)
