@@ -60,16 +60,17 @@ async def start(
     cluster engine, a data directory each) and the proxy in front: the first node's
     app, the proxy's URL and what stops them all, in order."""
     name = namespace()
-    # The proxy first: the nodes serve its address, as nodes behind a load balancer
-    # are told the public URL clients use.
+    # The proxy first: the nodes serve its address (the Host clients send), as nodes
+    # behind a load balancer are told the names clients use.
     proxy = await RoundRobinProxy([]).start()
+    served = ", ".join(filter(None, [overrides.get("allowed_hosts"), proxy.host]))
     closers: list[Closer] = [proxy.close]
     apps = []
     try:
         for i in range(NODES):
             settings = {
-                "public_url": proxy.url,
                 **overrides,
+                "allowed_hosts": served,
                 "engine": "redis",
                 "redis_url": CLUSTER_URL,
                 "redis_namespace": name,

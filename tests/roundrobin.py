@@ -62,6 +62,11 @@ class RoundRobinProxy:
         if self._session is not None:
             await self._session.close()
 
+    @property
+    def host(self) -> str:
+        """``host:port`` of the proxy, as clients send it in ``Host``."""
+        return self.url.removeprefix("http://")
+
     def add(self, node: str) -> None:
         """One more node (base URL), after those there: it takes its turn from now on."""
         self.nodes.append(node)

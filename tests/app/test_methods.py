@@ -19,6 +19,8 @@ from feeds import FeedConfig
 from tests.app.xmlapi import call, doc, local
 from tests.conftest import Gateway, MakeGateway
 
+pytestmark = pytest.mark.nodes
+
 XML = "application/restms+xml"
 JSON = "application/restms+json"
 DOMAIN = "/restms/domain/default"
