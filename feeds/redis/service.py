@@ -111,6 +111,9 @@ CLOSE_WAIT = 5.0  # seconds each step of closing may take
 # announces nothing when a message joins it.
 ONDEMAND_POLL = 0.05
 URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
+# Positions come from HINCRBY (a signed 64-bit counter): past it, none was ever issued,
+# and a stream refuses such an id.
+MAX_POSITION = 2**63 - 1
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
 _R = "restms_v1_"  # the function library's prefix (library.lua)
@@ -635,7 +638,7 @@ class RedisEngine:
         lease: bool = False,
     ) -> Message | None:
         found = await self._pipe(principal, pipe)
-        if position < 1:  # never issued (and 0 asks the stream for its oldest: not that)
+        if not 1 <= position <= MAX_POSITION:  # never issued (0 would ask for the oldest)
             raise NotFound("no message at that position")
         deadline = time.monotonic() + wait
         if wait > 0:
@@ -686,7 +689,7 @@ class RedisEngine:
 
     async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
         found = await self._pipe(principal, pipe)
-        if position < 1:
+        if not 1 <= position <= MAX_POSITION:
             return None
         reply = await self._range(found.key, position, 1)
         if first_position(reply) != position:

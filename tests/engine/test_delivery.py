@@ -56,13 +56,12 @@ async def test_A5_reads_beyond_the_asynclet_or_before_the_first_are_404(
         await engine.read(ME, pipe.key, 1)  # acknowledged: gone
 
 
-async def test_A5_position_0_of_an_empty_pipe_is_404_not_a_failure(
-    engine: EngineService,
-) -> None:
+async def test_A5_positions_never_issued_are_404_not_a_failure(engine: EngineService) -> None:
     _, pipe = await _news(engine)
-    with pytest.raises(NotFound):
-        await engine.read(ME, pipe.key, 0, lease=True)
-    assert await engine.look(ME, pipe.key, 0) is None
+    for position in (0, 2**64 + 1, 10**20):  # 0 of an empty pipe; past any counter
+        with pytest.raises(NotFound):
+            await engine.read(ME, pipe.key, position, lease=True)
+        assert await engine.look(ME, pipe.key, position) is None
 
 
 # ---------------------------------------------------------------- acknowledgement (D4, A7)
