@@ -55,6 +55,16 @@ def unavailable(exc: BaseException, write: bool) -> ServiceUnavailable:
     return ServiceUnavailable(reason, retry_after=RETRY_AFTER)
 
 
+class Unconfirmed(NotCommitted):
+    """The master made the write but no replica confirmed it in time: it may be lost in
+    a failover, so the caller takes it back (``results``: the commands' answers, what
+    to take back) and reports no success."""
+
+    def __init__(self, results: list[Any]) -> None:
+        super().__init__("no replica confirmed the write in time; retry", retry_after=RETRY_AFTER)
+        self.results = results
+
+
 class Link:
     """One engine's connections to the cluster."""
 
@@ -132,17 +142,17 @@ class Link:
                 continue
             if error is not None:
                 self._failed(durable)
-                if isinstance(error, rex.ResponseError) and not _refused(error):
+                # Still moving after the slot map was read again (a failover under way:
+                # CLUSTERDOWN, TRYAGAIN) is the store unavailable, as a refusal is.
+                moving = isinstance(error, _MOVED)
+                if isinstance(error, rex.ResponseError) and not moving and not _refused(error):
                     raise error  # a bug of ours (a script error): not the store's fault
                 raise unavailable(error, write) from error
             if durable:
                 acked = results.pop()
                 if int(str(acked)) < self.replicas:
                     self._failed(durable)
-                    raise NotCommitted(
-                        "no replica confirmed the write in time; retry",
-                        retry_after=RETRY_AFTER,
-                    )
+                    raise Unconfirmed(results)
                 self.commits += 1
                 self.commit_seconds += loop.time() - started
                 self.failing = False

@@ -29,6 +29,7 @@ from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent
 from .catalogue import FeedRec, PipeRec, bucket
+from .link import Unconfirmed
 from .values import encode_message
 
 if TYPE_CHECKING:
@@ -244,7 +245,9 @@ async def _place(
         by_tag[engine.keys.tag(bucket(key))].append(key)
     now_ms = int(time.time() * 1000)
 
-    async def one(tag: str, here: list[str]) -> tuple[str, list[str], list[int]]:
+    async def one(
+        tag: str, here: list[str]
+    ) -> tuple[str, list[str], list[int], Unconfirmed | None]:
         keys: list[Any] = []
         args: list[Any] = [tag, now_ms]
         for key in here:
@@ -262,10 +265,13 @@ async def _place(
                 ttl = spec.prop("expiration")
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
-        reply = await engine.link.call(
-            tag, "FCALL", _R + "place", len(keys), *keys, *args, write=True, durable=durable
-        )
-        return tag, here, [int(r) for r in reply]
+        try:
+            reply = await engine.link.call(
+                tag, "FCALL", _R + "place", len(keys), *keys, *args, write=True, durable=durable
+            )
+        except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
+            return tag, here, [int(r) for r in unconfirmed.results[0]], unconfirmed
+        return tag, here, [int(r) for r in reply], None
 
     results = await asyncio.gather(
         *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
@@ -276,7 +282,8 @@ async def _place(
         if isinstance(result, BaseException):
             failure = failure or result
             continue
-        _tag, here, reply = result
+        _tag, here, reply, unconfirmed = result
+        failure = failure or unconfirmed
         at = 0
         for key in here:
             engine.counters.dropped_oldest += reply[at]

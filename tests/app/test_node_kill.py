@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -34,12 +35,21 @@ KILL_AFTER = 20  # the third node dies once a publisher got this many answers
 DEADLINE = 60.0  # seconds for the whole exchange
 
 
+@dataclasses.dataclass
+class Nodes:
+    """Gateway node processes on one namespace of the cluster, and their URLs."""
+
+    namespace: str
+    procs: list[asyncio.subprocess.Process] = dataclasses.field(default_factory=list)
+    urls: list[str] = dataclasses.field(default_factory=list)
+
+
 @contextlib.asynccontextmanager
-async def three_nodes(
-    tmp_path: Path,
-) -> AsyncIterator[list[tuple[asyncio.subprocess.Process, str]]]:
+async def three_nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
+    """Three ``main.py serve --engine redis`` processes on a namespace of their own,
+    stopped (and the namespace's keys deleted) after."""
     name = nodes.namespace()
-    started: list[tuple[asyncio.subprocess.Process, str]] = []
+    running = Nodes(name)
     drains: list[asyncio.Task[bytes]] = []
     try:
         for i in range(nodes.NODES):
@@ -52,20 +62,24 @@ async def three_nodes(
                 str(tmp_path / f"node{i}"),
                 env={"RESTMS_REDIS_NAMESPACE": name},
             )
+            running.procs.append(proc)
             port = await listening_port(proc)
             assert proc.stderr is not None
             drains.append(asyncio.create_task(proc.stderr.read()))
-            started.append((proc, f"http://127.0.0.1:{port}"))
-        yield started
+            running.urls.append(f"http://127.0.0.1:{port}")
+        yield running
     finally:
-        for proc, _ in started:
+        for proc in running.procs:
             if proc.returncode is None:
                 proc.terminate()
-        for proc, _ in started:
+        for proc in running.procs:
             async with asyncio.timeout(30):
                 await proc.wait()
-        for drain in drains:
-            drain.cancel()
+        for i, drain in enumerate(drains):  # each node's log, kept beside its data
+            with contextlib.suppress(asyncio.CancelledError):
+                async with asyncio.timeout(10):
+                    log = await drain
+                await asyncio.to_thread((tmp_path / f"node{i}.log").write_bytes, log)
         await nodes.forget(name)
 
 
@@ -74,7 +88,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
         three_nodes(tmp_path) as running,
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as http,
     ):
-        urls = [url for _, url in running]
+        urls = running.urls
         async with http.post(
             urls[0] + "/restms/domain/default", data=b'{"restms":{"pipe":[{}]}}', headers=JSON
         ) as r:
@@ -114,7 +128,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
                     except aiohttp.ClientError:
                         continue  # the node is gone: the next one
                 if len(acked[k]) == KILL_AFTER and not killed.is_set():
-                    running[2][0].send_signal(signal.SIGKILL)
+                    running.procs[2].send_signal(signal.SIGKILL)
                     killed.set()
 
         seen: list[str] = []
@@ -151,7 +165,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
             done_publishing.set()
             await reader
         assert killed.is_set()
-        assert running[2][0].returncode == -signal.SIGKILL
+        assert running.procs[2].returncode == -signal.SIGKILL
         assert len(seen) == len(set(seen)), "a message came back after its acknowledgement"
         for k in range(PUBLISHERS):
             mine = [int(v.split("-")[1]) for v in seen if v.startswith(f"p{k}-")]
