@@ -168,12 +168,14 @@ class Server:
         *,
         root: Path = ROOT,
         name: str | None = None,
+        port: int = 0,
     ) -> None:
         """``data_dir``: use (and keep) this data directory instead of a fresh one;
         ``wrap``: a script (and its arguments) that runs the server script for us;
         ``root``: the checkout whose gateway runs (another commit's worktree, say: it
         runs on this checkout's virtualenv); ``name``: of the log file, when several
-        servers of one kind run at once (``kind`` by default)."""
+        servers of one kind run at once (``kind`` by default); ``port``: a gateway's
+        fixed port (0: one the system picks)."""
         self.kind = kind
         self.port = 0
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -188,7 +190,7 @@ class Server:
                 "--host",
                 HOST,
                 "--port",
-                "0",
+                str(port),
                 "--data-dir",
                 self.data_dir,
             ]

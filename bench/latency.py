@@ -26,10 +26,12 @@ from bench.common import JSON, XML, Server, log, percentile, xml_messages
 PARK = 0.002  # seconds between writing the asynclet GET and publishing, so the GET waits
 
 
-async def _gateway(base: str, count: int, feed_name: str) -> dict[str, Any]:
+async def _gateway(
+    base: str, count: int, feed_name: str, publish_base: str | None = None
+) -> dict[str, Any]:
     fixture = await rest.fanout_fixture(base, feed_name)
     waiter = await rest.Conn.open(base)
-    publisher = await rest.Conn.open(base)
+    publisher = await rest.Conn.open(publish_base or base)
     control = await rest.Conn.open(base)
     feed_path = rest.path_of(fixture["feed"])
     asynclet = rest.path_of(fixture["asynclet"])
@@ -103,10 +105,16 @@ def _summary(samples: list[float]) -> dict[str, Any]:
     }
 
 
-def gateway_run(gateway: Server, count: int, feed_name: str) -> dict[str, Any]:
+def gateway_run(
+    gateway: Server, count: int, feed_name: str, publisher: Server | None = None
+) -> dict[str, Any]:
     """``count`` timed publish -> asynclet deliveries through a fresh fanout feed
-    ``feed_name`` (and its pipe, dropped after), with their percentiles."""
-    return uvloop.run(_gateway(gateway.base, count, feed_name))
+    ``feed_name`` (and its pipe, dropped after), with their percentiles. The asynclet
+    waits on ``gateway``; the messages are published to ``publisher`` (another node of
+    the same cluster engine) when given, else to ``gateway``."""
+    return uvloop.run(
+        _gateway(gateway.base, count, feed_name, publisher.base if publisher else None)
+    )
 
 
 def run(gateway: Server, bare: Server, rounds: int, count: int) -> dict[str, Any]:
