@@ -38,6 +38,8 @@ from typing import Any, Protocol
 from restms.errors import BadRequest
 from restms.webhook import WebhookLimits, WebhookOptions
 
+from .values import WebhookProgress, WebhookState
+
 # state -> event -> the state it leads to
 TRANSITIONS: dict[str, dict[str, str]] = {
     "verifying": {"verified": "active", "refused": "failed", "changed": "verifying"},
@@ -88,6 +90,25 @@ class Hook:
         self.last_status = ""  # an HTTP status, or a word for what went wrong
         self.last_error = ""  # a short reason when the last attempt failed
         self.last_attempt: float | None = None  # wall time
+
+    def state_value(self) -> WebhookState:
+        """Its delivery state as the engine service shows it (either engine)."""
+        return WebhookState(
+            state=self.state,
+            delivered=self.delivered,
+            failures=self.failures,
+            dead_lettered=self.dead,
+        )
+
+    def progress_value(self) -> WebhookProgress:
+        """Where its deliveries stand, as the engine service shows it (either engine)."""
+        return WebhookProgress(
+            attempts=max(self.attempts.values(), default=0),
+            next_attempt=min(self.due.values(), default=None),
+            last_attempt=self.last_attempt,
+            last_status=self.last_status,
+            last_error=self.last_error,
+        )
 
     def fire(self, event: str) -> None:
         """Move along :data:`TRANSITIONS`; an event the state does not take raises."""

@@ -21,10 +21,7 @@ from ..service import (
     PipeState,
     StagedInfo,
     Webhook,
-    WebhookProgress,
-    WebhookState,
 )
-from ..webhook import Hook
 
 
 def feed_info(feed: Feed, default: bool = False, system: bool = False) -> FeedInfo:
@@ -92,7 +89,7 @@ def pipe_info(pipe: Pipe, dead_letter_feed: str) -> PipeInfo:
         options=options,
         dead_letter=_dead_letter(pipe, dead_letter_feed),
         webhook=None if pipe.hook is None else webhook(pipe),
-        progress=_progress(pipe.hook),
+        progress=None if pipe.hook is None else pipe.hook.progress_value(),
         version=pipe.version,
         modified=pipe.modified,
     )
@@ -184,43 +181,19 @@ def pipe_state(pipe: Pipe, dead_letter_feed: str) -> PipeState:
         bytes=pipe.bytes + pipe.spilled_bytes,
         waiting=pipe.waiting,
         pinned=pipe.pinned,
-        webhook=_webhook_state(pipe.hook),
-    )
-
-
-def _webhook_state(hook: Hook | None) -> WebhookState | None:
-    if hook is None:
-        return None
-    return WebhookState(
-        state=hook.state,
-        delivered=hook.delivered,
-        failures=hook.failures,
-        dead_lettered=hook.dead,
-    )
-
-
-def _progress(hook: Hook | None) -> WebhookProgress | None:
-    if hook is None:
-        return None
-    return WebhookProgress(
-        attempts=max(hook.attempts.values(), default=0),
-        next_attempt=min(hook.due.values(), default=None),
-        last_attempt=hook.last_attempt,
-        last_status=hook.last_status,
-        last_error=hook.last_error,
+        webhook=None if pipe.hook is None else pipe.hook.state_value(),
     )
 
 
 # webhooks
 def webhook(pipe: Pipe) -> Webhook:
     hook = pipe.hook
-    state = _webhook_state(hook)
-    if hook is None or state is None:
+    if hook is None:
         raise TypeError("not a webhook pipe")
     return Webhook(
         pipe=pipe.key,
         title=pipe.title,
         options=hook.options,
         generation=hook.generation,
-        state=state,
+        state=hook.state_value(),
     )

@@ -19,7 +19,13 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from restms.errors import Forbidden, NotFound, PayloadTooLarge, ServiceUnavailable
+from restms.errors import (
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    RestMSError,
+    ServiceUnavailable,
+)
 from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
 from restms.uris import split_path
 
@@ -470,7 +476,7 @@ async def dead_letter(
     else:
         try:
             target = cache.feed_at(settings.dead_letter) if settings.dead_letter else None
-        except Exception:
+        except RestMSError:  # the feed went since the pipe named it: discarded, counted
             target = None
     if target is None:
         engine.counters.dead_discarded += 1

@@ -21,8 +21,6 @@ from ..service import (
     PipeInfo,
     StagedInfo,
     Webhook,
-    WebhookProgress,
-    WebhookState,
 )
 from ..store import decode_parts, loads, message_spec, record
 from ..webhook import Hook
@@ -151,15 +149,7 @@ def pipe_info(
         options=options,
         dead_letter=dead_letter,
         webhook=None if hook is None else webhook(pipe, hook),
-        progress=None
-        if hook is None
-        else WebhookProgress(
-            attempts=max(hook.attempts.values(), default=0),
-            next_attempt=min(hook.due.values(), default=None),
-            last_attempt=hook.last_attempt,
-            last_status=hook.last_status,
-            last_error=hook.last_error,
-        ),
+        progress=None if hook is None else hook.progress_value(),
         version=pipe.version + figures.version,
         modified=pipe.modified,
     )
@@ -171,12 +161,7 @@ def webhook(pipe: PipeRec, hook: Hook) -> Webhook:
         title=pipe.title,
         options=hook.options,
         generation=hook.generation,
-        state=WebhookState(
-            state=hook.state,
-            delivered=hook.delivered,
-            failures=hook.failures,
-            dead_lettered=hook.dead,
-        ),
+        state=hook.state_value(),
     )
 
 
