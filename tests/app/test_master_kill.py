@@ -24,7 +24,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from feeds.redis.catalogue import Keys
 from tests import nodes
-from tests.app.test_node_kill import JSON, three_nodes
+from tests.app.test_node_kill import JSON, persistent, three_nodes
 
 pytestmark = pytest.mark.app
 
@@ -83,20 +83,7 @@ async def test_a_master_killed_during_publishing_refuses_never_lies(tmp_path: Pa
         turn = 0
         async with asyncio.timeout(120):
             for i in range(EACH):
-                body = orjson.dumps(
-                    {
-                        "restms": {
-                            "message": [
-                                {
-                                    "address": pipe,
-                                    "message_id": f"m-{i}",
-                                    "delivery_mode": "2",
-                                    "content": [{"value": f"m-{i}"}],
-                                }
-                            ]
-                        }
-                    }
-                )
+                body = persistent(pipe, f"m-{i}")
                 while True:
                     url = urls[turn % len(urls)]
                     turn += 1

@@ -35,6 +35,13 @@ KILL_AFTER = 20  # the third node dies once a publisher got this many answers
 DEADLINE = 60.0  # seconds for the whole exchange
 
 
+def persistent(pipe: str, name: str) -> bytes:
+    """A persistent message to ``pipe`` (on the default feed) whose id and text are
+    ``name``: a repeat of it is a duplicate."""
+    message = {"address": pipe, "message_id": name, "delivery_mode": "2"}
+    return orjson.dumps({"restms": {"message": [{**message, "content": [{"value": name}]}]}})
+
+
 @dataclasses.dataclass
 class Nodes:
     """Gateway node processes on one namespace of the cluster, and their URLs."""
@@ -100,20 +107,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
         async def publish(k: int) -> None:
             turn = k
             for i in range(EACH):
-                body = orjson.dumps(
-                    {
-                        "restms": {
-                            "message": [
-                                {
-                                    "address": pipe,
-                                    "message_id": f"p{k}-{i}",
-                                    "delivery_mode": "2",
-                                    "content": [{"value": f"p{k}-{i}"}],
-                                }
-                            ]
-                        }
-                    }
-                )
+                body = persistent(pipe, f"p{k}-{i}")
                 for _ in range(3 * nodes.NODES):  # each node, a few times at most
                     url = urls[turn % len(urls)]
                     turn += 1
