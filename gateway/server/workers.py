@@ -65,6 +65,17 @@ def _work(config: Config, open_engine: OpenEngine, serve: Serve, index: int) -> 
     uvloop.run(serve(config, open_engine, reuse_port=True))
 
 
+def exit_code(process: BaseProcess) -> int | None:
+    """The exit code of a process whose sentinel is ready.
+
+    The sentinel is ready once the process's files are closed, which the kernel does a
+    moment before the process can be reaped: ``exitcode`` read at once is often still
+    None. Joining reaps it.
+    """
+    process.join(STOP_MARGIN)
+    return process.exitcode
+
+
 class Supervisor:
     """Starts ``config.workers`` gateway processes and keeps them running until stopped."""
 
@@ -102,7 +113,7 @@ class Supervisor:
         while not self._signals:
             ended = wait([w.process.sentinel for w in self._workers.values()], timeout=1.0)
             for worker in [w for w in self._workers.values() if w.process.sentinel in ended]:
-                code = worker.process.exitcode
+                code = exit_code(worker.process)
                 lived = time.monotonic() - worker.started
                 if self._signals:
                     break
