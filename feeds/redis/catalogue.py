@@ -124,6 +124,7 @@ class Keys:
         self.ns = namespace
         self.cat = f"{{{namespace}:cat}}"
         self.log = f"{self.cat}:log"
+        self.own = f"{{{namespace}:own}}"  # the slot of the owners' locks (.owners)
 
     def staged(self, key: str) -> str:
         return f"{self.cat}:st:{key}"

@@ -1,4 +1,4 @@
-#!lua name=restms_v1
+#!lua name=restms_v2
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -357,14 +357,82 @@ local function sweep(keys, args)
   return out
 end
 
-redis.register_function('restms_v1_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v1_cat_since', callback = cat_since,
+-- ---------------------------------------------------------------- owners
+-- One node runs each webhook pipe's deliveries (feeds/redis/owners.py). Slot {<ns>:own}:
+-- KEYS[1] the fencing counter, then one lock per thing owned, holding "<node> <token>".
+-- ARGV: the node, the lock's life in ms. A free lock is taken with a new token (from
+-- the counter: it only grows), one the node holds is renewed. Returns per lock the
+-- node's token, 0 where another node holds it.
+local function own(keys, args)
+  local node, ttl = args[1], args[2]
+  local out = {}
+  for i = 2, #keys do
+    local held = redis.call('GET', keys[i])
+    local token = 0
+    if not held then
+      token = redis.call('INCR', keys[1])
+      redis.call('SET', keys[i], node .. ' ' .. token, 'PX', ttl)
+    else
+      local who, was = string.match(held, '^(.*) (%d+)$')
+      if who == node then
+        token = num(was)
+        redis.call('PEXPIRE', keys[i], ttl)
+      end
+    end
+    out[#out + 1] = token
+  end
+  return out
+end
+
+-- KEYS: locks. ARGV: the node. Frees those the node holds (a node that stops hands its
+-- pipes over at once rather than after the locks' life).
+local function disown(keys, args)
+  local freed = 0
+  for i = 1, #keys do
+    local held = redis.call('GET', keys[i])
+    if held and string.match(held, '^(.*) %d+$') == args[1] then
+      redis.call('DEL', keys[i])
+      freed = freed + 1
+    end
+  end
+  return freed
+end
+
+-- KEYS: a webhook pipe's state hash. ARGV: the writer's fencing token (0: not a
+-- delivery worker's write: a PUT's), the record's generation, the record. A worker's
+-- write is refused (-1) once a newer owner wrote, and any write (-2) that would take
+-- the generation back: a stale worker never overwrites a newer owner's or a PUT's state.
+-- 0: the pipe is gone (its state is not made again).
+local function hook_save(keys, args)
+  local h = keys[1]
+  local token, generation = num(args[1]), num(args[2])
+  if redis.call('EXISTS', h) == 0 then
+    return 0
+  end
+  if token > 0 and token < num(redis.call('HGET', h, 'fence')) then
+    return -1
+  end
+  if generation < num(redis.call('HGET', h, 'gen')) then
+    return -2
+  end
+  if token > 0 then
+    redis.call('HSET', h, 'fence', token)
+  end
+  redis.call('HSET', h, 'gen', generation, 'hook', args[3])
+  return 1
+end
+
+redis.register_function('restms_v2_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v2_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v1_place', place)
-redis.register_function{function_name = 'restms_v1_room', callback = room,
+redis.register_function('restms_v2_place', place)
+redis.register_function{function_name = 'restms_v2_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v1_range', range)
-redis.register_function('restms_v1_ack', ack)
-redis.register_function('restms_v1_take_out', take_out)
-redis.register_function('restms_v1_delete_content', delete_content)
-redis.register_function('restms_v1_sweep', sweep)
+redis.register_function('restms_v2_range', range)
+redis.register_function('restms_v2_ack', ack)
+redis.register_function('restms_v2_take_out', take_out)
+redis.register_function('restms_v2_delete_content', delete_content)
+redis.register_function('restms_v2_sweep', sweep)
+redis.register_function('restms_v2_own', own)
+redis.register_function('restms_v2_disown', disown)
+redis.register_function('restms_v2_hook_save', hook_save)

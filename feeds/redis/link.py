@@ -31,7 +31,7 @@ from redis.driver_info import DriverInfo
 from restms.errors import NotCommitted, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-LIBRARY = "restms_v1"  # the name library.lua declares: bump both together
+LIBRARY = "restms_v2"  # the name library.lua declares: bump both together
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.
 _MOVED = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError)

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 IN_FLIGHT = -1  # a claimed message id whose publish has not finished
-_R = "restms_v1_"
+_R = "restms_v2_"
 Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from .service import RedisEngine
 
 HIDDEN = "no such resource"
-_R = "restms_v1_"
+_R = "restms_v2_"
 
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:

@@ -185,7 +185,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
     await engine._change(lambda: (fields, None))
     made = engine.cache.pipes[key]
     if made.type == "webhook":
-        webhooks.tell(engine, made, await webhooks.hook_of(engine, made))
+        await engine.owners.claim(key)
     return await engine._pipe_info(made)
 
 
@@ -207,6 +207,8 @@ async def update_pipe(
         return [(field_of(made), encode(made))], None
 
     await engine._change(build)
+    if update.webhook is not None:
+        await engine.owners.changed(key)
     return await engine.pipe(principal, key)
 
 
@@ -237,7 +239,7 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
     await engine.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
     engine._wake(key)
     if known is not None and known.type == "webhook":
-        webhooks.tell(engine, known, None)
+        engine.owners.dropped(key)
     for cursor in list(engine._cursors):
         if cursor.pipe == key:
             cursor.end("deleted")

@@ -93,6 +93,7 @@ from .catalogue import (
 )
 from .cursor import RedisCursor
 from .link import Link, Subscriber
+from .owners import Owners
 from .values import (
     Figures,
     Settings,
@@ -116,7 +117,7 @@ URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
 MAX_POSITION = 2**63 - 1
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
-_R = "restms_v1_"  # the function library's prefix (library.lua)
+_R = "restms_v2_"  # the function library's prefix (library.lua)
 
 
 class RedisEngine:
@@ -150,6 +151,7 @@ class RedisEngine:
         self._closed = False
         self._mirror: MirrorSink | None = None
         self._hook_listener: Callable[[str, Webhook | None], None] | None = None
+        self.owners = Owners(self)
         self._dead_letter = config.dead_letter_feed or ""
         self._events: Events | None = None
         self._announcing: set[asyncio.Task[None]] = set()
@@ -180,6 +182,7 @@ class RedisEngine:
         await self._sync()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(upkeep.sweeper(self), name="redis-engine-sweeper"))
+        self._tasks.append(loop.create_task(self.owners.run(), name="redis-engine-owners"))
 
     def shutdown(self) -> None:
         self._closing = True
@@ -197,6 +200,12 @@ class RedisEngine:
         self._closed = True
         if self._announcing:  # announcements on their way: a moment to land
             await asyncio.wait(list(self._announcing), timeout=1.0)
+        if self.owners.held:  # another node takes this one's webhook pipes at once
+            try:
+                async with asyncio.timeout(CLOSE_WAIT):
+                    await self.owners.release()
+            except (TimeoutError, ServiceUnavailable):
+                log.warning("freeing the webhook pipes' locks failed: they run out instead")
         await self._stop()
 
     async def _stop(self) -> None:
@@ -778,6 +787,7 @@ class RedisEngine:
     # ------------------------------------------------------------ webhooks
     def watch_webhooks(self, listener: Callable[[str, Webhook | None], None] | None) -> None:
         self._hook_listener = listener
+        self.owners.poke()
 
     async def webhooks(self) -> tuple[Webhook, ...]:
         return await webhooks.webhooks(self)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
-_R = "restms_v1_"
+_R = "restms_v2_"
 
 
 async def sweeper(engine: RedisEngine) -> None:

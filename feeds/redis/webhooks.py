@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .service import RedisEngine
 
 HIDDEN = "no such resource"
-_R = "restms_v1_"
+_R = "restms_v2_"
 
 
 async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:
@@ -44,18 +44,31 @@ async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:
     return hook
 
 
-async def save(engine: RedisEngine, pipe: PipeRec, hook: Hook, durable: bool) -> None:
+async def save(
+    engine: RedisEngine, pipe: PipeRec, hook: Hook, durable: bool, *, worker: bool = True
+) -> None:
+    """Keep a pipe's delivery state: a ``worker``'s write carries this node's fencing
+    token (:mod:`.owners`) and is refused (NotFound: the worker stops) once another
+    node owns the pipe; any write that would take the generation back is refused."""
     _stream, state, tag = engine.keys.pipe(pipe.key)
-    record = {**hook.record(), "generation": hook.generation}
-    await engine.link.call(tag, "HSET", state, "hook", dumps(record), write=True, durable=durable)
-    tell(engine, pipe, hook)
-
-
-def tell(engine: RedisEngine, pipe: PipeRec, hook: Hook | None) -> None:
-    """The webhook listener hears of a webhook pipe made, changed (None: deleted)."""
-    listener = engine._hook_listener
-    if listener is not None:
-        listener(pipe.key, None if hook is None else webhook(pipe, hook))
+    token = engine.owners.token(pipe.key) if worker else 0
+    record = dumps({**hook.record(), "generation": hook.generation})
+    kept = await engine.link.call(
+        tag,
+        "FCALL",
+        _R + "hook_save",
+        1,
+        state,
+        token,
+        hook.generation,
+        record,
+        write=True,
+        durable=durable,
+    )
+    if int(kept) == 0:
+        raise NotFound(HIDDEN)
+    if int(kept) < 0:
+        raise NotFound("another gateway node runs that pipe's webhook deliveries")
 
 
 async def changed(engine: RedisEngine, pipe: PipeRec, change: WebhookOptions) -> dict[str, object]:
@@ -65,7 +78,7 @@ async def changed(engine: RedisEngine, pipe: PipeRec, change: WebhookOptions) ->
     given = apply_change(hook, pipe.options.get("webhook"), change, engine.config)
     if given is None or hook is None:
         return pipe.options
-    await save(engine, pipe, hook, durable=True)
+    await save(engine, pipe, hook, durable=True, worker=False)
     return {**pipe.options, "webhook": given}
 
 
@@ -113,10 +126,11 @@ async def webhook_value(engine: RedisEngine, key: str) -> Webhook:
 
 
 async def webhooks(engine: RedisEngine) -> tuple[Webhook, ...]:
+    """The webhook pipes whose deliveries this node runs (:mod:`.owners`)."""
     made: list[Webhook] = []
-    for pipe in list(engine.cache.pipes.values()):
-        hook = await hook_of(engine, pipe)
-        if hook is not None:
+    for key in list(engine.owners.held):
+        pipe = engine.cache.pipes.get(key)
+        if pipe is not None and (hook := await hook_of(engine, pipe)) is not None:
             made.append(webhook(pipe, hook))
     return tuple(made)
 

@@ -241,11 +241,16 @@ class Worker:
 
     async def _current(self) -> Webhook | None:
         """The pipe's options and state, None when this worker should not go on: the
-        pipe is gone, its options changed, or the app is stopping."""
-        try:
-            hook = await self.service.webhook(self.key)
-        except (NotFound, ServiceUnavailable):
-            return None
+        pipe is gone, or its options changed. While the engine cannot answer (a store
+        failing over, or the app stopping, which cancels the worker) it asks again."""
+        while True:
+            try:
+                hook = await self.service.webhook(self.key)
+                break
+            except NotFound:
+                return None
+            except ServiceUnavailable:
+                await asyncio.sleep(STORE_RETRY)
         if hook.generation != self.generation:
             return None
         self.hook = hook
@@ -324,44 +329,58 @@ class Worker:
     async def _deliver(self, message: Message) -> bool:
         """Attempts at one message until it is delivered, given up or gone; False when
         the worker should stop (the pipe went, or it no longer delivers)."""
-        service, key, seq = self.service, self.key, message.position
         while (hook := await self._current()) is not None and hook.delivering:
-            made = await service.webhook_attempts(key, seq)
-            if made is None:
-                return True  # acknowledged by a DELETE meanwhile: forgotten
-            options = hook.options
-            now = time.time()
-            if made.made >= (options.max_attempts or 1):
-                await service.webhook_give_up(key, seq, "webhook-max-attempts")
-                return True
-            if max(now, made.due) - message.arrived >= (options.max_age or math.inf):
-                await service.webhook_give_up(key, seq, "webhook-max-age")
-                return True
-            if made.due > now:
-                await asyncio.sleep(made.due - now)
+            try:
+                done = await self._try(message, hook)
+            except ServiceUnavailable:  # the engine could not answer: ask again
+                await asyncio.sleep(STORE_RETRY)
                 continue
-            attempt = made.made + 1
-            outcome = await self._attempt(message, attempt, options)
-            if outcome.ok:
-                await service.webhook_delivered(key, seq, outcome.status)
+            if done:
                 return True
-            if outcome.gone:
-                with contextlib.suppress(ServiceUnavailable):  # kept in memory
-                    await service.webhook_gone(key, seq, outcome.status)
-                return True  # the subscription ended (asked before the next message)
-            config = self.hooks.app[CONFIG]
-            retry_at = time.time() + backoff(
-                attempt, config.webhook_backoff_base, config.webhook_backoff_cap
+        return False
+
+    async def _try(self, message: Message, hook: Webhook) -> bool:
+        """One step at a message: True once it is done with (delivered, given up,
+        gone, or out of the pipe), False to go on with it. A delivery the engine could
+        not record is made again (at least once: the receiver knows a repeat by its
+        message id)."""
+        service, key, seq = self.service, self.key, message.position
+        made = await service.webhook_attempts(key, seq)
+        if made is None:
+            return True  # acknowledged by a DELETE meanwhile: forgotten
+        options = hook.options
+        now = time.time()
+        if made.made >= (options.max_attempts or 1):
+            await service.webhook_give_up(key, seq, "webhook-max-attempts")
+            return True
+        if max(now, made.due) - message.arrived >= (options.max_age or math.inf):
+            await service.webhook_give_up(key, seq, "webhook-max-age")
+            return True
+        if made.due > now:
+            await asyncio.sleep(made.due - now)
+            return False
+        attempt = made.made + 1
+        outcome = await self._attempt(message, attempt, options)
+        if outcome.ok:
+            await service.webhook_delivered(key, seq, outcome.status)
+            return True
+        if outcome.gone:
+            with contextlib.suppress(ServiceUnavailable):  # kept in memory
+                await service.webhook_gone(key, seq, outcome.status)
+            return True  # the subscription ended (asked before the next message)
+        config = self.hooks.app[CONFIG]
+        retry_at = time.time() + backoff(
+            attempt, config.webhook_backoff_base, config.webhook_backoff_cap
+        )
+        try:  # the attempt count is on disk before the wait
+            kept = await service.webhook_failed(
+                key, seq, attempt, outcome.status, outcome.error, retry_at
             )
-            try:  # the attempt count is on disk before the wait
-                kept = await service.webhook_failed(
-                    key, seq, attempt, outcome.status, outcome.error, retry_at
-                )
-            except ServiceUnavailable:
-                kept = True  # the store logs it; the count is kept in memory
-            if not kept:
-                return True  # it left the pipe, or another lane's receiver ended it meanwhile
-            self._complain(outcome.status, outcome.error)
+        except ServiceUnavailable:
+            kept = True  # the store logs it; the count is kept in memory
+        if not kept:
+            return True  # it left the pipe, or another lane's receiver ended it meanwhile
+        self._complain(outcome.status, outcome.error)
         return False
 
     async def _attempt(self, message: Message, attempt: int, options: WebhookOptions) -> Outcome:

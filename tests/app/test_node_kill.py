@@ -52,9 +52,9 @@ class Nodes:
 
 
 @contextlib.asynccontextmanager
-async def three_nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
-    """Three ``main.py serve --engine redis`` processes on a namespace of their own,
-    stopped (and the namespace's keys deleted) after."""
+async def three_nodes(tmp_path: Path, env: dict[str, str] | None = None) -> AsyncIterator[Nodes]:
+    """Three ``main.py serve --engine redis`` processes on a namespace of their own
+    (and ``env`` besides), stopped (and the namespace's keys deleted) after."""
     name = nodes.namespace()
     running = Nodes(name)
     drains: list[asyncio.Task[bytes]] = []
@@ -67,7 +67,7 @@ async def three_nodes(tmp_path: Path) -> AsyncIterator[Nodes]:
                 "0",
                 "--data-dir",
                 str(tmp_path / f"node{i}"),
-                env={"RESTMS_REDIS_NAMESPACE": name},
+                env={**(env or {}), "RESTMS_REDIS_NAMESPACE": name},
             )
             running.procs.append(proc)
             port = await listening_port(proc)
