@@ -5,6 +5,13 @@ run time through the admin resource, which are kept in ``<data>/bridges.json`` (
 Bridges start in the order they were declared (configured ones first) and stop in
 reverse order. A bridge that cannot reach its broker or feed does not hold up the
 gateway: it keeps retrying and says why in its status.
+
+A bridge runs on one node at a time of the nodes that share an engine (a cluster,
+docs/CLUSTER.md): each bridge claims its name from the engine service
+(:meth:`feeds.service.EngineService.solo`) and runs only while this node holds it.
+The others keep it stopped, standing by, and start it when its node stops or dies;
+its pipe is in the engine, so the node that takes over sends what was left in it. With
+the embedded engine the one process always holds it.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from restms.errors import BadRequest, Conflict, Forbidden, NotFound
+from feeds.service import Solo
+from restms.errors import BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
 
 from .amqp import AmqpBridge
 from .base import Host
@@ -49,6 +57,8 @@ class Registry:
         self._state_file = state_file
         self._max_body = max_body
         self._bridges: dict[str, AnyBridge] = {}
+        self._solos: dict[str, Solo] = {}  # name -> this node's claim on running it
+        self._following: dict[str, asyncio.Task[None]] = {}  # name -> its claim's watch
         self._zmq: zmq.asyncio.Context | None = None  # one for every ZeroMQ bridge (inproc)
         self._zap: ZapGate | None = None
         self._lock = asyncio.Lock()
@@ -81,10 +91,7 @@ class Registry:
 
     async def stop(self) -> None:
         for bridge in reversed(list(self._bridges.values())):
-            try:
-                await bridge.stop()
-            except Exception:  # one bridge's failure must not keep the others running
-                log.exception("bridge %s did not stop cleanly", bridge.name)
+            await self._forget(bridge)
         self._bridges.clear()
         if self._zap is not None:
             self._zap.stop()
@@ -113,6 +120,23 @@ class Registry:
     async def _start(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
         bridge = self._make(config, configured=configured)
         self._bridges[config.name] = bridge
+        solo = self._host.engine.solo(f"bridge:{config.name}")
+        self._solos[config.name] = solo
+        try:
+            held = await solo.take()
+        except ServiceUnavailable:
+            held = False  # the next round of claims decides
+        if held:
+            await self._run(bridge)
+        else:
+            log.info("bridge %s: another gateway node runs it; this one stands by", bridge.name)
+        self._following[config.name] = asyncio.create_task(
+            self._follow(bridge, solo, held), name=f"bridge-{config.name}-claim"
+        )
+        return bridge
+
+    async def _run(self, bridge: AnyBridge) -> None:
+        config = bridge.config
         await bridge.start()
         log.info(
             "bridge %s started (%s %s, feed %s)",
@@ -121,7 +145,39 @@ class Registry:
             config.direction,
             config.feed,
         )
-        return bridge
+
+    async def _follow(self, bridge: AnyBridge, solo: Solo, held: bool) -> None:
+        """Start the bridge when this node takes its claim, stop it when it loses it."""
+        while True:
+            now = await solo.changed()
+            if now == held:
+                continue
+            held = now
+            try:
+                if held:
+                    await self._run(bridge)
+                else:
+                    log.warning("bridge %s: another gateway node runs it now", bridge.name)
+                    await bridge.stop()
+            except Exception:  # the next change tries again; the others run on
+                log.exception("bridge %s could not be started or stopped", bridge.name)
+
+    async def _forget(self, bridge: AnyBridge) -> None:
+        """Stop the bridge and give up its claim."""
+        following = self._following.pop(bridge.name, None)
+        if following is not None:
+            following.cancel()
+            await asyncio.gather(following, return_exceptions=True)
+        try:
+            await bridge.stop()
+        except Exception:  # one bridge's failure must not keep the others running
+            log.exception("bridge %s did not stop cleanly", bridge.name)
+        solo = self._solos.pop(bridge.name, None)
+        if solo is not None:
+            try:
+                await solo.release()
+            except ServiceUnavailable as exc:
+                log.warning("bridge %s: its claim was not freed (%s)", bridge.name, exc.reason)
 
     # ------------------------------------------------------------ run-time changes
     async def create(self, config: BridgeConfig) -> tuple[AnyBridge, bool]:
@@ -184,7 +240,7 @@ class Registry:
                     f"bridge {name!r} has {waiting} messages waiting to be sent; "
                     "delete with ?discard=true to drop them"
                 )
-            await bridge.stop()
+            await self._forget(bridge)
             del self._bridges[name]
             engine, owner = self._host.engine, owner_of(name)
             for pipe in await engine.pipes(owner):

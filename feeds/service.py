@@ -153,6 +153,7 @@ __all__ = [
     "Readiness",
     "Resource",
     "Slot",
+    "Solo",
     "StagedInfo",
     "Stats",
     "StoreStats",
@@ -259,6 +260,26 @@ class Cursor(Protocol):
         it counts as delivered and is leased as :meth:`EngineService.read` leases. For
         a cursor opened without ``lease`` whose reader leases only what it could send:
         a message it could not send stays where it is."""
+        ...
+
+
+@runtime_checkable
+class Solo(Protocol):
+    """A claim on running one thing (a bridge) on one node at a time among the nodes
+    that share the engine: an engine of one process always holds it; on a cluster,
+    one node holds it, and another takes it when that node stops or dies."""
+
+    async def take(self) -> bool:
+        """Try to hold it now: whether this node holds it (it is renewed from then on
+        while this node lives)."""
+        ...
+
+    async def changed(self) -> bool:
+        """Wait until this node takes it or loses it: whether it holds it now."""
+        ...
+
+    async def release(self) -> None:
+        """Stop claiming it; another node may take it at once."""
         ...
 
 
@@ -470,6 +491,11 @@ class EngineService(Protocol):
         each message yielded is leased as :meth:`read` leases). The first iteration
         raises 404 when the pipe is not there for the principal. ``via`` names the
         bridge that reads it: the traffic mirror records each message it acknowledges."""
+        ...
+
+    def solo(self, name: str) -> Solo:
+        """A claim on running ``name`` (``bridge:<name>``) on this node alone among the
+        nodes that share the engine; call its :meth:`Solo.take` first."""
         ...
 
     # statistics

@@ -61,6 +61,7 @@ from ..service import (
     Readiness,
     Resource,
     Slot,
+    Solo,
     StagedInfo,
     Stats,
     SystemEvents,
@@ -537,6 +538,9 @@ class EmbeddedEngine:
     ) -> EmbeddedCursor:
         return EmbeddedCursor(self, principal, pipe, after, lease, via)
 
+    def solo(self, name: str) -> Solo:
+        return Alone()
+
     # ------------------------------------------------------------ statistics and admin
     async def stats(self) -> Stats:
         return await self._admin.stats()
@@ -592,3 +596,17 @@ class EmbeddedEngine:
 
 if TYPE_CHECKING:  # the type checker proves the embedded engine is the whole service
     _CONFORMS: EngineService = EmbeddedEngine(Engine())
+
+
+class Alone:
+    """The one process there is always runs what it claims (:class:`Solo`)."""
+
+    async def take(self) -> bool:
+        return True
+
+    async def changed(self) -> bool:
+        await asyncio.Event().wait()  # never: it is not taken away
+        return True
+
+    async def release(self) -> None:
+        return None

@@ -1,4 +1,5 @@
-"""One node runs each webhook pipe's deliveries: a lock per pipe, renewed, fenced.
+"""One node runs each webhook pipe's deliveries, and each bridge: a lock per thing,
+renewed, fenced.
 
 Every node of a cluster sees every webhook pipe in the catalogue, but a pipe's
 receiver must get each message from one worker, not one per node. So a node runs the
@@ -21,7 +22,11 @@ slot (``{<ns>:own}:hook:<pipe>``) holding the node's id and a **fencing token**:
 * A node that cannot renew for ``ttl`` seconds (the owners' slot unreachable) stops
   its workers: another node may hold the locks by then.
 
-The first node to look takes every free pipe; a node does not hand pipes over to
+A bridge claims its lock (``bridge:<name>``) through :meth:`Owners.solo`: the same
+rounds take and renew it, and its :class:`RedisSolo` tells the bridge registry when
+this node takes or loses it.
+
+The first node to look takes every free lock; a node does not hand them over to
 balance the load (docs/CLUSTER.md).
 """
 
@@ -60,13 +65,14 @@ class Owners:
         # Unique per engine: a restarted node is a new owner, its old locks not its own.
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.held: dict[str, int] = {}  # pipe -> this node's token
+        self.solos: dict[str, RedisSolo] = {}  # name -> claim (a bridge's)
         self._told: dict[str, Any] = {}  # pipe -> its options when the listener heard
         self._renewed = 0.0  # monotonic time of the last round the cluster answered
         self._poke = asyncio.Event()
         self._round = asyncio.Lock()
 
-    def _lock(self, pipe: str) -> str:
-        return f"{self.engine.keys.own}:hook:{pipe}"
+    def _lock(self, name: str) -> str:
+        return f"{self.engine.keys.own}:{name}"
 
     @property
     def _fence(self) -> str:
@@ -96,10 +102,13 @@ class Owners:
             try:
                 await self.round()
             except ServiceUnavailable as exc:
-                log.warning("renewing the webhook pipes' locks failed: %s", exc.reason)
-                if self.held and time.monotonic() - self._renewed > self.ttl:
-                    log.warning("the locks may have run out: this node's webhook workers stop")
+                log.warning("renewing the owners' locks failed: %s", exc.reason)
+                if time.monotonic() - self._renewed > self.ttl:
+                    if self.held or any(solo.held for solo in self.solos.values()):
+                        log.warning("the locks may have run out: what this node runs stops")
                     self._lose(list(self.held))
+                    for solo in self.solos.values():
+                        solo.set(False)
 
     def poke(self) -> None:
         """Look again now (a listener came, or a webhook pipe was made elsewhere)."""
@@ -107,27 +116,34 @@ class Owners:
 
     async def round(self) -> None:
         async with self._round:
-            if self.engine._hook_listener is None:
+            hooks: list[str] = []
+            if self.engine._hook_listener is not None:
+                pipes = self.engine.cache.pipes
+                hooks = sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
+            if not hooks and not self.solos:
                 return
-            pipes = self.engine.cache.pipes
-            wanted = sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
-            tokens = await self._own(wanted)
+            tokens = await self._own([f"hook:{key}" for key in hooks] + list(self.solos))
             self._renewed = time.monotonic()
-            self._lose([key for key in self.held if not tokens.get(key)])
-            for key, token in tokens.items():
-                if token:
+            self._lose([key for key in self.held if not tokens.get(f"hook:{key}")])
+            for key in hooks:
+                if token := tokens[f"hook:{key}"]:
                     self.held[key] = token
                     await self._tell(key)
+            for name, solo in self.solos.items():
+                solo.set(bool(tokens.get(name)))
 
     async def claim(self, pipe: str) -> None:
         """Take a webhook pipe this node made at once, when its lock is free."""
         async with self._round:
             if self.engine._hook_listener is None:
                 return
-            token = (await self._own([pipe])).get(pipe, 0)
+            token = (await self._own([f"hook:{pipe}"]))[f"hook:{pipe}"]
             if token:
                 self.held[pipe] = token
                 await self._tell(pipe)
+
+    def solo(self, name: str) -> RedisSolo:
+        return RedisSolo(self, name)
 
     async def changed(self, pipe: str) -> None:
         """A PUT changed a webhook pipe's options: its worker here starts again (a
@@ -141,20 +157,29 @@ class Owners:
 
     async def release(self) -> None:
         """Free every lock this node holds (a node that stops)."""
-        held, self.held = list(self.held), {}
+        held = [f"hook:{key}" for key in self.held] + list(self.solos)
+        self.held = {}
         self._told.clear()
-        for start in range(0, len(held), CHUNK):
-            keys = [self._lock(key) for key in held[start : start + CHUNK]]
+        for solo in list(self.solos.values()):
+            solo.set(False)
+        self.solos.clear()
+        await self._disown(held)
+
+    async def _disown(self, names: list[str]) -> None:
+        for start in range(0, len(names), CHUNK):
+            keys = [self._lock(name) for name in names[start : start + CHUNK]]
             await self.engine.link.call(
                 self.engine.keys.own, "FCALL", _R + "disown", len(keys), *keys, self.node
             )
 
     # ------------------------------------------------------------ helpers
-    async def _own(self, pipes: list[str]) -> dict[str, int]:
+    async def _own(self, names: list[str]) -> dict[str, int]:
+        """Take or renew the locks of ``names``: this node's token of each, 0 where
+        another node holds it."""
         tokens: dict[str, int] = {}
         ttl_ms = int(self.ttl * 1000)
-        for start in range(0, len(pipes), CHUNK):
-            chunk = pipes[start : start + CHUNK]
+        for start in range(0, len(names), CHUNK):
+            chunk = names[start : start + CHUNK]
             keys = [self._fence, *map(self._lock, chunk)]
             reply = await self.engine.link.call(
                 self.engine.keys.own,
@@ -190,3 +215,39 @@ class Owners:
             self.held.pop(key, None)
             if self._told.pop(key, None) is not None and listener is not None:
                 listener(key, None)
+
+
+class RedisSolo:
+    """A bridge's claim (:class:`feeds.service.Solo`) among the engine's nodes."""
+
+    def __init__(self, owners: Owners, name: str) -> None:
+        self.owners = owners
+        self.name = name
+        self.held = False
+        self._changed = asyncio.Event()
+
+    def set(self, held: bool) -> None:
+        if held != self.held:
+            self.held = held
+            self._changed.set()
+
+    async def take(self) -> bool:
+        owners = self.owners
+        owners.solos[self.name] = self
+        async with owners._round:
+            self.set(bool((await owners._own([self.name]))[self.name]))
+        self._changed.clear()
+        return self.held
+
+    async def changed(self) -> bool:
+        await self._changed.wait()
+        self._changed.clear()
+        return self.held
+
+    async def release(self) -> None:
+        owners = self.owners
+        if owners.solos.get(self.name) is self:
+            del owners.solos[self.name]
+        if self.held:
+            self.set(False)
+            await owners._disown([self.name])

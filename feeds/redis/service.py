@@ -74,6 +74,7 @@ from ..service import (
     Readiness,
     Resource,
     Slot,
+    Solo,
     StagedInfo,
     Stats,
     SystemEvents,
@@ -200,7 +201,7 @@ class RedisEngine:
         self._closed = True
         if self._announcing:  # announcements on their way: a moment to land
             await asyncio.wait(list(self._announcing), timeout=1.0)
-        if self.owners.held:  # another node takes this one's webhook pipes at once
+        if self.owners.held or self.owners.solos:  # another node takes them at once
             try:
                 async with asyncio.timeout(CLOSE_WAIT):
                     await self.owners.release()
@@ -785,6 +786,9 @@ class RedisEngine:
         return await admin.inventory(self)
 
     # ------------------------------------------------------------ webhooks
+    def solo(self, name: str) -> Solo:
+        return self.owners.solo(name)
+
     def watch_webhooks(self, listener: Callable[[str, Webhook | None], None] | None) -> None:
         self._hook_listener = listener
         self.owners.poke()

@@ -52,9 +52,12 @@ class Nodes:
 
 
 @contextlib.asynccontextmanager
-async def three_nodes(tmp_path: Path, env: dict[str, str] | None = None) -> AsyncIterator[Nodes]:
+async def three_nodes(
+    tmp_path: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+) -> AsyncIterator[Nodes]:
     """Three ``main.py serve --engine redis`` processes on a namespace of their own
-    (and ``env`` besides), stopped (and the namespace's keys deleted) after."""
+    (and ``env`` and ``args`` besides), stopped (and the namespace's keys deleted)
+    after."""
     name = nodes.namespace()
     running = Nodes(name)
     drains: list[asyncio.Task[bytes]] = []
@@ -67,6 +70,7 @@ async def three_nodes(tmp_path: Path, env: dict[str, str] | None = None) -> Asyn
                 "0",
                 "--data-dir",
                 str(tmp_path / f"node{i}"),
+                *args,
                 env={**(env or {}), "RESTMS_REDIS_NAMESPACE": name},
             )
             running.procs.append(proc)

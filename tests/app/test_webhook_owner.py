@@ -2,7 +2,7 @@
 processes: three ``main.py serve --engine redis`` nodes on one namespace and a real
 receiver on 127.0.0.1.
 
-One node runs a webhook pipe's deliveries at a time (docs/CLUSTER.md, "Webhook pipes
+One node runs a webhook pipe's deliveries at a time (docs/CLUSTER.md, "Webhook pipes and bridges
 on a cluster"). Messages are published through the nodes in turn; the node running
 the pipe is killed midway; another takes the pipe once the dead node's lock runs out
 (5 s) and delivery goes on: every message published is delivered, in order, and at
@@ -44,12 +44,13 @@ async def until(check: Callable[[], object], what: str, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
-async def owner_pid(namespace: str, pipe: str) -> int:
-    """The process id of the node holding the pipe's lock (its value names the node:
-    host, process id, a random part; then the token)."""
+async def owner_pid(namespace: str, name: str, kind: str = "hook") -> int:
+    """The process id of the node holding the lock of a webhook pipe (or a bridge: kind
+    "bridge"); the lock's value names the node (host, process id, a random part), then
+    the token."""
     cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
     try:
-        held = await cluster.get(f"{{{namespace}:own}}:hook:{pipe}")
+        held = await cluster.get(f"{{{namespace}:own}}:{kind}:{name}")
     finally:
         await cluster.aclose()
     assert held is not None, "nobody holds the pipe"

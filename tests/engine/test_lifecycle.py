@@ -104,3 +104,13 @@ async def test_a_durable_engine_tells_how_its_store_commits(restart: MakeEngine)
     assert after.batches >= after.commits
     assert after.commit_seconds > before.commit_seconds
     assert after.failures == before.failures
+
+
+async def test_the_only_engine_runs_what_it_claims(engine: EngineService) -> None:
+    solo = engine.solo("bridge:out")
+    assert await solo.take()
+    waiting = asyncio.ensure_future(solo.changed())
+    await asyncio.sleep(0.05)
+    assert not waiting.done()  # nothing takes it away
+    waiting.cancel()
+    await solo.release()

@@ -171,3 +171,22 @@ async def test_a_node_that_lost_its_pipe_while_paused_cannot_write_its_state(
     assert await second.engine.webhook_attempts(pipe.key, position) == WebhookAttempts(
         made=1, due=later
     )
+
+
+async def test_a_bridge_runs_on_one_node_and_moves_when_that_node_stops_or_dies(
+    pair: tuple[Node, Node],
+) -> None:
+    first, second = pair
+    here, there = first.engine.solo("bridge:out"), second.engine.solo("bridge:out")
+    assert await here.take()
+    assert not await there.take()
+    await here.release()  # a node that stops: the other takes it in its next round
+    async with asyncio.timeout(2.0):
+        assert await there.changed()
+    again = first.engine.solo("bridge:out")
+    assert not await again.take()
+    await second.engine.crash()  # nothing freed: the lock runs out
+    started = time.monotonic()
+    async with asyncio.timeout(5.0):
+        assert await again.changed()
+    assert time.monotonic() - started >= TTL * 0.5
