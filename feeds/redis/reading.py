@@ -33,9 +33,7 @@ _R = "restms_v2_"
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:
     cache = engine.cache
-    known = key in cache.pipes or key in cache.joins or key in cache.staged
-    if not known and (key not in cache.feeds or cache.feeds[key].name is not None):
-        await engine._fresh()
+    await engine._fresh()  # made or deleted through another node a moment ago?
     feed = cache.feeds.get(key)
     if feed is not None and feed.name is None:
         if principal is not None and feed.owner != principal:

@@ -456,7 +456,10 @@ class RedisEngine:
         await self._fresh()
         return tuple([await self.domain(name) for name in self.cache.domains])
 
+    # A resource looked up by key reads the catalogue as it is now too: one deleted
+    # through another node a moment ago is 404 here, whichever node a client asks.
     async def feed(self, principal: str | None, key: str) -> FeedInfo:
+        await self._fresh()
         return await self._feed_value(await self._feed(principal, key))
 
     async def _feed_value(self, feed: FeedRec) -> FeedInfo:
@@ -473,6 +476,7 @@ class RedisEngine:
         return tuple([await self._feed_value(f) for f in self.cache.public_feeds(domain)])
 
     async def pipe(self, principal: str | None, key: str) -> PipeInfo:
+        await self._fresh()
         return await self._pipe_info(await self._pipe(principal, key))
 
     async def pipes(self, principal: str) -> tuple[PipeInfo, ...]:
@@ -481,6 +485,7 @@ class RedisEngine:
         return tuple([await self._pipe_info(p) for p in mine])
 
     async def join(self, principal: str | None, key: str) -> JoinInfo:
+        await self._fresh()
         return self._join_info(await self._join(principal, key))
 
     async def resolve(self, principal: str | None, key: str) -> Resource:
@@ -611,6 +616,7 @@ class RedisEngine:
         ]
 
     async def listing(self, principal: str | None, pipe: str) -> Listing:
+        await self._fresh()
         found = await self._pipe(principal, pipe)
         cap = self.config.listing_cap
         reply = await self._range(found.key, 0, cap + 1)

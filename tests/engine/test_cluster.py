@@ -111,3 +111,27 @@ async def test_one_message_id_published_on_two_nodes_at_once_is_routed_once(
         )
         assert sorted(result.duplicates for result in both) == [(False,), (True,)]
     assert await texts(first, pipe) == [f"m{n}" for n in range(20)]
+
+
+async def test_a_resource_deleted_on_one_node_is_gone_on_the_other_at_once(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    first, second = nodes
+    feed, pipe = await _joined(first, "matrix")
+    (made,) = [j for j in (await first.pipe(ME, pipe.key)).joins if not j.is_default]
+    assert (await second.join(ME, made.key)).key == made.key  # the other node knows it
+    assert (await second.feed(ME, feed.key)).key == feed.key
+    await first.delete_pipe(ME, pipe.key)
+    await first.delete_feed(ME, feed.key)
+    # asked at once, before the news of the change could reach the other node
+    with pytest.raises(NotFound):
+        await second.join(ME, made.key)
+    with pytest.raises(NotFound):
+        await second.feed(ME, feed.key)
+    for key in (pipe.key, made.key):
+        with pytest.raises(NotFound):
+            await second.resolve(ME, key)
+    with pytest.raises(NotFound):
+        await second.pipe(ME, pipe.key)
+    with pytest.raises(NotFound):
+        await second.listing(ME, pipe.key)
