@@ -19,6 +19,12 @@ and publish events (``spark_sink.schema.Routed``, :func:`emit_routed`).
 
 A pipe is named by a digest of its key, the same one :func:`feeds.publishing.label`
 shows, never by its name (a capability); a private feed by a digest of its key too.
+
+Both engines emit through these functions, so the lake has the same rows whichever
+runs. They read only a few attributes of what they are given (:class:`FeedLike`,
+:class:`PipeLike`, :class:`HeldLike`, :class:`Routes`): the embedded engine hands
+over its model's objects, the Redis engine small views of its records and entries
+(:mod:`feeds.redis.mirror`).
 """
 
 from __future__ import annotations
@@ -32,13 +38,85 @@ from typing import Any, Protocol
 from restms.specs import Duplicate, EmbeddedContent, MessageSpec
 
 from .config import DEFAULT_FEED
-from .model import Feed, Message, Pipe
+from .model import Pipe
 
 
 class Sink(Protocol):
     """Where events go: one event tuple (``rows`` 1) or one request record."""
 
     def __call__(self, item: tuple[Any, ...], rows: int = 1, /) -> None: ...
+
+
+class Named(Protocol):
+    """A domain, as events name it."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Keyed(Protocol):
+    """A pipe, as a route or drop event names it (by a digest of its key)."""
+
+    @property
+    def key(self) -> str: ...
+
+
+class Typed(Protocol):
+    """A public feed looked up by name, for its type (:func:`emit_pipe`)."""
+
+    @property
+    def type(self) -> str: ...
+
+
+class FeedLike(Protocol):
+    """What an event reads of a feed (:class:`feeds.model.Feed` has it all)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def name(self) -> str | None: ...
+    @property
+    def type(self) -> str: ...
+    @property
+    def domain(self) -> Named: ...
+
+
+class PipeLike(Protocol):
+    """What an event reads of a pipe (:class:`feeds.model.Pipe` has it all)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def domain(self) -> Named: ...
+    @property
+    def owner(self) -> str: ...
+
+
+class HeldLike(Protocol):
+    """What an event reads of a message in a pipe (:class:`feeds.model.Message` has it
+    all): ``source``, the rotator or service feed it was handed out of, if known."""
+
+    @property
+    def source(self) -> FeedLike | None: ...
+    @property
+    def spec(self) -> MessageSpec: ...
+    @property
+    def feed_name(self) -> str | None: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def arrived(self) -> float: ...
+
+
+class Routes(Protocol):
+    """What a publish of several messages did with its copies (:class:`Copies`)."""
+
+    @property
+    def pipes(self) -> Sequence[Keyed]: ...
+    @property
+    def extra(self) -> Sequence[tuple[int, int]]: ...
+    @property
+    def skipped(self) -> Sequence[tuple[MessageSpec, Keyed, int]]: ...
 
 
 class Copies:
@@ -75,7 +153,7 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def feed_name(feed: Feed) -> str:
+def feed_name(feed: FeedLike) -> str:
     return feed.name if feed.name is not None else digest(feed.key)
 
 
@@ -93,12 +171,12 @@ def emit_feed(
     sink: Sink,
     kind: str,
     now: float,
-    feed: Feed,
+    feed: FeedLike,
     spec: MessageSpec,
     size: int,
     principal: str | None,
     outcome: str = OK,
-    pipe: Pipe | None = None,
+    pipe: Keyed | None = None,
     bridge: str | None = None,
 ) -> None:
     """An event about a message in a feed: publish, route (with ``pipe``), a refused
@@ -130,7 +208,7 @@ def emit_feed(
 def emit_bridge_in(
     sink: Sink,
     now: float,
-    feed: Feed,
+    feed: FeedLike,
     messages: Sequence[MessageSpec],
     counts: Sequence[int],
     principal: str | None,
@@ -148,9 +226,9 @@ def emit_bridge_in(
 def emit_routed(
     sink: Sink,
     now: float,
-    feed: Feed,
+    feed: FeedLike,
     spec: MessageSpec,
-    pipe: Pipe,
+    pipe: Keyed,
     size: int,
     principal: str | None,
     published: int,
@@ -181,9 +259,9 @@ def emit_pipe(
     sink: Sink,
     kind: str,
     now: float,
-    pipe: Pipe,
-    message: Message,
-    feeds: Mapping[str, Feed],
+    pipe: PipeLike,
+    message: HeldLike,
+    feeds: Mapping[str, Typed],
     outcome: str = OK,
     *,
     latency: bool = False,
@@ -233,7 +311,7 @@ def embedded(spec: MessageSpec) -> int:
 def emit_publish(
     sink: Sink,
     now: float,
-    feed: Feed,
+    feed: FeedLike,
     messages: Sequence[MessageSpec],
     counts: Sequence[int] | None,
     principal: str | None,
@@ -276,14 +354,14 @@ def emit_publish(
 def emit_request(
     sink: Sink,
     now: float,
-    feed: Feed,
+    feed: FeedLike,
     messages: Sequence[MessageSpec],
     counts: Sequence[int],
     principal: str | None,
     ids: list[str | None] | None,
     claimed: Sequence[tuple[object, int]],
     linked: bool,
-    copies: Copies,
+    copies: Routes,
     repeated: bool,
 ) -> None:
     """An accepted publish as one request record: the "publish" event of each message
@@ -361,7 +439,7 @@ def emit_request(
     )
 
 
-def _less(each: list[int], extra: list[tuple[int, int]]) -> list[int]:
+def _less(each: list[int], extra: Sequence[tuple[int, int]]) -> list[int]:
     """Each message's count (a duplicate's 0) made its number of copies: less the
     joins counted without a copy (:attr:`Copies.extra`)."""
     if not extra:
