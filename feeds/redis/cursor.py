@@ -21,9 +21,16 @@ BATCH = 100
 
 class RedisCursor:
     def __init__(
-        self, engine: RedisEngine, principal: str | None, pipe: str, after: int, lease: bool
+        self,
+        engine: RedisEngine,
+        principal: str | None,
+        pipe: str,
+        after: int,
+        lease: bool,
+        via: str | None = None,
     ) -> None:
         self.engine = engine
+        self.via = via  # the bridge this cursor reads for (its acknowledgements are mirrored)
         self.principal = principal
         self.pipe = pipe
         self._position = after
@@ -122,7 +129,7 @@ class RedisCursor:
         return got
 
     async def ack(self, position: int, *, wait: bool = True) -> int:
-        removed = await self.engine._ack(self.pipe, position, durable=wait)
+        removed = await self.engine._ack(self.pipe, position, durable=wait, via=self.via)
         reply = await self.engine._range(self.pipe, 0, 0)
         self._held = reply[3]
         return removed

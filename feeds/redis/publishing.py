@@ -7,6 +7,10 @@ refuse it (a missing or foreign staged content, a full "reject" pipe, a full fee
 queue) is checked before anything is placed; when a bucket's call or its ``WAIT``
 fails, the copies placed in other buckets are taken out again before NotCommitted is
 raised (their positions stay gaps: a position is never issued twice).
+
+With the mirror on, what each publish, hand-out and dead letter did is offered to it as
+the embedded engine offers it (:mod:`.mirror`): the routes collect each message's pipes
+in the order of its joins for that.
 """
 
 from __future__ import annotations
@@ -34,8 +38,10 @@ from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent
+from . import mirror
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import Unconfirmed
+from .mirror import Copy, Held
 from .values import encode_message
 
 if TYPE_CHECKING:
@@ -47,8 +53,21 @@ _R = "restms_v2_"
 Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
 
 
+class _Refused(ServiceUnavailable):
+    """The whole publish is refused for room (a full "reject" pipe; a full feed queue,
+    ``publisher``: the publisher's principal is in the mirror's events)."""
+
+    def __init__(self, reason: str, *, publisher: bool) -> None:
+        super().__init__(reason, retry_after=1)
+        self.publisher = publisher
+
+
 async def publish(
-    engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec]
+    engine: RedisEngine,
+    principal: str,
+    key: str,
+    messages: Sequence[MessageSpec],
+    via: str | None = None,
 ) -> PublishResult:
     await engine._fresh()  # route with every join committed before this publish
     feed = await engine._feed(principal, key)
@@ -75,15 +94,22 @@ async def publish(
                 first_of[mid] = index
             routed.append(index)
     engine.counters.published += len(messages)
+    copies: dict[int, list[Copy]] = {}  # (the mirror's)
     try:
         if feed.type in QUEUEING_TYPES:
-            placed, queued, committed = await _queueing(engine, feed, [items[i] for i in routed])
+            placed, queued, committed, outs = await _queueing(
+                engine, feed, [items[i] for i in routed]
+            )
             took = {i: 1 if n else 0 for i, n in zip(routed, placed, strict=True)}
             placements: list[Placed] = []
+            if engine._mirror is not None:
+                copies = {i: [(p, True, 1)] for i, p in zip(routed, outs, strict=True) if p}
         else:
-            took, placements, committed = await _fanout(engine, feed, items, routed)
+            took, placements, committed, copies = await _fanout(engine, feed, items, routed)
             queued = 0
-    except BaseException:
+    except BaseException as exc:
+        if isinstance(exc, _Refused) and engine._mirror is not None:
+            mirror.refused(engine, feed, messages, principal if exc.publisher else None)
         await _release(engine, feed, claimed)  # nothing was kept: the ids are free again
         raise
     for index in routed:
@@ -94,6 +120,9 @@ async def publish(
             engine.counters.duplicates += 1
         elif isinstance(count, Duplicate):
             engine.counters.duplicates += 1
+    if engine._mirror is not None:
+        sizes = [item[2] for item in items]
+        mirror.published(engine, feed, messages, counts, principal, sizes, copies, bool(used), now)
     remember = [(ids[i], counts[i]) for i in routed if ids[i]]
     if remember:
         await asyncio.gather(
@@ -116,6 +145,8 @@ async def publish(
         await engine._change(
             lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
         )
+    if via is not None and engine._mirror is not None:
+        mirror.bridged_in(engine, feed, messages, counts, principal, via)
     return PublishResult(
         counts=tuple(counts), placed=tuple(placements), queued=queued, committed=committed
     )
@@ -179,16 +210,22 @@ async def _contents(
 
 async def _fanout(
     engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int]
-) -> tuple[dict[int, int], list[Placed], bool]:
+) -> tuple[dict[int, int], list[Placed], bool, dict[int, list[Copy]]]:
+    """Route ``items`` (those at ``routed``) to the joins they match: each message's
+    count, the positions placed, whether durably, and (the mirror on) each message's
+    pipes in the order of its joins, whether each took it, and its joins there."""
     cache = engine.cache
     targets: dict[str, list[int]] = {}  # pipe -> messages, in order
     joined: dict[tuple[str, int], int] = defaultdict(int)  # (pipe, message) -> joins matched
+    order: dict[int, list[str]] | None = None if engine._mirror is None else {}
     for index in routed:
         spec = items[index][0]
         headers = dict(spec.headers) if feed.type == "headers" else {}
         for join in cache.matching(feed, spec.address, headers):
             if joined[(join.pipe, index)] == 0:
                 targets.setdefault(join.pipe, []).append(index)
+                if order is not None:
+                    order.setdefault(index, []).append(join.pipe)
             joined[(join.pipe, index)] += 1
     pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
     await _check_reject(engine, pipes, targets, items)
@@ -208,7 +245,20 @@ async def _fanout(
                 engine.counters.routed += 1
             else:
                 engine.counters.skipped_full += 1
-    return took, placements, durable
+    copies: dict[int, list[Copy]] = {}
+    if order is not None:
+        at = {
+            (key, index): position
+            for key, got in positions.items()
+            for index, position in zip(targets[key], got, strict=True)
+        }
+        for index, keys in order.items():
+            copies[index] = [
+                (pipes[key], bool(at[(key, index)]), joined[(key, index)])
+                for key in keys
+                if (key, index) in at
+            ]
+    return took, placements, durable, copies
 
 
 async def _check_reject(
@@ -235,7 +285,7 @@ async def _check_reject(
         fits = await engine.link.call(tag, "FCALL", _R + "room", len(keys), *keys, *args)
         if any(fit < len(ask[4]) for fit, ask in zip(fits, pipes_here, strict=True)):
             engine.counters.rejected_full += 1
-            raise ServiceUnavailable("a pipe this publish reaches is full; retry", retry_after=1)
+            raise _Refused("a pipe this publish reaches is full; retry", publisher=False)
 
 
 async def _place(
@@ -253,9 +303,10 @@ async def _place(
 
     async def one(
         tag: str, here: list[str]
-    ) -> tuple[str, list[str], list[int], Unconfirmed | None]:
+    ) -> tuple[str, list[str], list[int], Unconfirmed | None, dict[str, Any] | None]:
         keys: list[Any] = []
         args: list[Any] = [tag, now_ms]
+        looks: dict[str, tuple[Any, ...]] | None = None  # what drop-oldest pipes may drop
         for key in here:
             stream, state, _tag = engine.keys.pipe(key)
             keys += [stream, state]
@@ -271,13 +322,29 @@ async def _place(
                 ttl = spec.prop("expiration")
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
+            if engine._mirror is not None and settings.overflow == "drop-oldest":
+                sizes = [items[index][2] for index in targets[key]]
+                most, most_bytes = settings.max_messages, settings.max_bytes
+                looks = looks or {}
+                looks[key] = mirror.oldest(stream, state, most, most_bytes, sizes)
+        command = ("FCALL", _R + "place", len(keys), *keys, *args)
+        if looks is None:
+            try:
+                reply = await engine.link.call(tag, *command, write=True, durable=durable)
+            except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
+                return tag, here, [int(r) for r in unconfirmed.results[0]], unconfirmed, None
+            return tag, here, [int(r) for r in reply], None, None
+        # The mirror's looks first, on the same connection (feeds.redis.mirror).
+        unsure: Unconfirmed | None = None
         try:
-            reply = await engine.link.call(
-                tag, "FCALL", _R + "place", len(keys), *keys, *args, write=True, durable=durable
+            *peeked, reply = await engine.link.batch(
+                tag, [*looks.values(), command], write=True, durable=durable
             )
-        except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
-            return tag, here, [int(r) for r in unconfirmed.results[0]], unconfirmed
-        return tag, here, [int(r) for r in reply], None
+        except Unconfirmed as exc:
+            unsure = exc
+            *peeked, reply = exc.results
+        found = dict(zip(looks, peeked, strict=True))
+        return tag, here, [int(r) for r in reply], unsure, found
 
     results = await asyncio.gather(
         *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
@@ -288,13 +355,16 @@ async def _place(
         if isinstance(result, BaseException):
             failure = failure or result
             continue
-        _tag, here, reply, unconfirmed = result
+        _tag, here, reply, unconfirmed, peeked = result
         failure = failure or unconfirmed
         at = 0
         for key in here:
             engine.counters.dropped_oldest += reply[at]
             count = len(targets[key])
-            positions[key] = reply[at + 1 : at + 1 + count]
+            positions[key] = got = reply[at + 1 : at + 1 + count]
+            if reply[at] and peeked is not None and key in peeked:  # (the mirror on)
+                placed = [items[i] for i, p in zip(targets[key], got, strict=True) if p]
+                mirror.dropped(engine, pipes[key], peeked[key], reply[at], placed)
             at += 1 + count
     if failure is not None:
         await _withdraw(engine, positions)
@@ -343,33 +413,46 @@ async def queued(engine: RedisEngine, feed: FeedRec) -> tuple[int, int]:
 
 async def _queueing(
     engine: RedisEngine, feed: FeedRec, items: list[Item]
-) -> tuple[list[int], int, bool]:
-    """F8: each message to the next join's pipe that has room, else to the queue."""
+) -> tuple[list[int], int, bool, list[PipeRec | None]]:
+    """F8: each message to the next join's pipe that has room, else to the queue. Each
+    message's position, how many were queued, whether durably, and the pipe of each."""
     queue, _rr = _queue(engine, feed)
     durable = any(item[3] for item in items)
     waiting = await engine.link.call(queue, "LLEN", queue)
     placed: list[int] = []
+    pipes: list[PipeRec | None] = []
     left: list[Item] = []
     for item in items:
-        position = 0 if waiting or left else await _hand_out(engine, feed, item, durable)
+        if waiting or left:
+            position, pipe = 0, None
+        else:
+            position, pipe = await _hand_out(engine, feed, item, durable)
         placed.append(position)
+        pipes.append(pipe)
         if not position:
             left.append(item)
     if left:
         if waiting + len(left) > engine.config.max_feed_queue:
-            raise ServiceUnavailable("the feed's queue is full; retry", retry_after=1)
+            if engine._mirror is not None:  # those handed out before the queue was full
+                for (spec, _record, size, _kept), pipe in zip(items, pipes, strict=True):
+                    if pipe is not None:
+                        mirror.copied(engine, feed, spec, size, [(pipe, True, 1)])
+            raise _Refused("the feed's queue is full; retry", publisher=True)
         entries = [dumps([size, record.decode(), kept]) for _spec, record, size, kept in left]
         await engine.link.call(queue, "RPUSH", queue, *entries, write=True, durable=durable)
         engine.counters.queued += len(left)
-    return placed, len(left), durable
+    return placed, len(left), durable, pipes
 
 
-async def _hand_out(engine: RedisEngine, feed: FeedRec, item: Item, durable: bool) -> int:
-    """Place one message in the pipe of the next join in turn that takes it; 0: none."""
+async def _hand_out(
+    engine: RedisEngine, feed: FeedRec, item: Item, durable: bool
+) -> tuple[int, PipeRec | None]:
+    """Place one message in the pipe of the next join in turn that takes it: its
+    position there and the pipe; 0 and None: none took it."""
     joins = [j for j in feed.joins.values() if j.pipe in engine.cache.pipes]
     joins = [j for j in joins if engine.cache.pipes[j.pipe].type != "ondemand"]
     if not joins:
-        return 0
+        return 0, None
     _queue_key, rr = _queue(engine, feed)
     start = int(await engine.link.call(rr, "INCR", rr, write=True)) - 1
     for step in range(len(joins)):
@@ -378,8 +461,8 @@ async def _hand_out(engine: RedisEngine, feed: FeedRec, item: Item, durable: boo
         got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable)
         if got[pipe.key][0]:
             engine.counters.routed += 1
-            return got[pipe.key][0]
-    return 0
+            return got[pipe.key][0], pipe
+    return 0, None
 
 
 async def take_work(engine: RedisEngine, pipe: PipeRec) -> bool:
@@ -398,6 +481,8 @@ async def take_work(engine: RedisEngine, pipe: PipeRec) -> bool:
         got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], kept)
         if got[pipe.key][0]:
             engine.counters.routed += 1
+            if engine._mirror is not None:
+                mirror.copied(engine, feed, item[0], size, [(pipe, True, 1)])
             return True
         await engine.link.call(queue, "LPUSH", queue, head, write=True)  # full: back
     return False
@@ -450,8 +535,11 @@ async def drain(engine: RedisEngine, feed: FeedRec) -> None:
             return
         size, record, kept = loads(head)
         spec = message_spec(loads(record))
-        if not await _hand_out(engine, feed, (spec, record.encode(), size, kept), kept):
+        _position, pipe = await _hand_out(engine, feed, (spec, record.encode(), size, kept), kept)
+        if pipe is None:
             return
+        if engine._mirror is not None:
+            mirror.copied(engine, feed, spec, size, [(pipe, True, 1)])
         await engine.link.call(queue, "LPOP", queue, write=True)
 
 
@@ -480,6 +568,8 @@ async def dead_letter(
             target = None
     if target is None:
         engine.counters.dead_discarded += 1
+        if engine._mirror is not None:
+            mirror.pipe_event(engine, "drop", pipe, Held.of_record(data), "discarded")
         return False
     fields = loads(data)
     spec = message_spec(fields)
@@ -493,15 +583,21 @@ async def dead_letter(
     parts = tuple(p for p in decode_parts(fields[6]) if p is not None)
     record, size = encode_message(copy, parts, fields[3], fields[4])
     item: Item = (copy, record, size, persistent(copy))
+    copies: list[Copy] = []
     try:
         if target.type in QUEUEING_TYPES:
-            await _queueing(engine, target, [item])
+            pipes = (await _queueing(engine, target, [item]))[3]
+            copies = [(pipe, True, 1) for pipe in pipes if pipe is not None]
         else:
-            await _fanout(engine, target, [item], [0])
+            copies = (await _fanout(engine, target, [item], [0]))[3].get(0, [])
     except ServiceUnavailable:
         engine.counters.dead_discarded += 1
+        if engine._mirror is not None:
+            mirror.pipe_event(engine, "drop", pipe, Held.of_record(data), "discarded")
         return False
     engine.counters.dead_lettered += 1
+    if engine._mirror is not None:
+        mirror.dead_lettered(engine, pipe, data, reason, target, copy, size, copies)
     return True
 
 
@@ -581,6 +677,9 @@ async def announce(
     """Route one system event (non-persistent) to the system feed's joins."""
     record, size = encode_message(spec, parts, feed.name, now)
     try:
-        await _fanout(engine, feed, [(spec, record, size, False)], [0])
+        copies = (await _fanout(engine, feed, [(spec, record, size, False)], [0]))[3]
     except ServiceUnavailable as exc:
         log.warning("a system event was lost: %s", exc.reason)
+        return
+    if engine._mirror is not None:
+        mirror.copied(engine, feed, spec, size, copies.get(0, []))

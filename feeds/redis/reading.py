@@ -20,7 +20,7 @@ from ..service import (
     Slot,
     Watched,
 )
-from . import publishing
+from . import mirror, publishing
 from .catalogue import bucket
 from .values import first_position
 
@@ -153,4 +153,10 @@ async def dead_letter(
     )
     if not taken:
         raise NotFound("no message at that position")
-    return await publishing.dead_letter(engine, found, taken[0], reason, headers, feed)
+    moved = await publishing.dead_letter(engine, found, taken[0], reason, headers, feed)
+    if engine._mirror is not None:  # a bridge reading the pipe is done with it: passed on
+        via = next((c.via for c in engine._cursors if c.pipe == found.key and c.via), None)
+        if via is not None:
+            held = mirror.Held.of_record(taken[0])
+            mirror.pipe_event(engine, "bridge_out", found, held, bridge=via)
+    return moved

@@ -82,7 +82,7 @@ from ..service import (
     Webhook,
     WebhookAttempts,
 )
-from . import admin, publishing, reading, resources, upkeep, webhooks
+from . import admin, mirror, publishing, reading, resources, upkeep, webhooks
 from .catalogue import (
     Cache,
     FeedRec,
@@ -570,7 +570,7 @@ class RedisEngine:
         via: str | None = None,
     ) -> PublishResult:
 
-        return await publishing.publish(self, principal, feed, messages)
+        return await publishing.publish(self, principal, feed, messages, via)
 
     async def publish_counts(
         self, principal: str, feed: str, messages: Sequence[MessageSpec]
@@ -592,19 +592,12 @@ class RedisEngine:
         """The pipe's figures and up to ``count`` messages from ``first`` (0: the oldest):
         asynclet, expired now, oldest, held, then five items a message."""
         stream, state, tag = self.keys.pipe(pipe)
-        reply = await self.link.call(
-            tag,
-            "FCALL",
-            _R + "range",
-            2,
-            stream,
-            state,
-            first,
-            count,
-            int(time.time() * 1000),
-            int(use),
-            write=True,
-        )
+        now = int(time.time() * 1000)
+        command = ("FCALL", _R + "range", 2, stream, state, first, count, now, int(use))
+        if self._mirror is not None and count:  # what expires is looked at first
+            reply = await mirror.ranged(self, pipe, command, first, count, now)
+        else:
+            reply = await self.link.call(tag, *command, write=True)
         if reply[1]:
             self.counters.expired += int(reply[1])
         return list(reply)
@@ -692,6 +685,8 @@ class RedisEngine:
         """A delivery: unless acknowledged within the pipe's lease it comes back."""
         self.counters.delivered += 1
         self.latency.observe(max(0.0, time.time() - message.arrived))
+        if self._mirror is not None:
+            mirror.delivered(self, pipe, message)
         settings = self.settings(pipe)
         if settings.lease <= 0:
             return
@@ -716,24 +711,21 @@ class RedisEngine:
         found = await self._pipe(principal, pipe)
         return await self._ack(found.key, position)
 
-    async def _ack(self, pipe: str, position: int, durable: bool = True, use: bool = True) -> int:
+    async def _ack(
+        self,
+        pipe: str,
+        position: int,
+        durable: bool = True,
+        use: bool = True,
+        via: str | None = None,
+    ) -> int:
         stream, state, tag = self.keys.pipe(pipe)
         now = int(time.time() * 1000) if use else 0
-        removed = int(
-            await self.link.call(
-                tag,
-                "FCALL",
-                _R + "ack",
-                2,
-                stream,
-                state,
-                tag,
-                position,
-                now,
-                write=True,
-                durable=durable,
-            )
-        )
+        command = ("FCALL", _R + "ack", 2, stream, state, tag, position, now)
+        if self._mirror is not None:  # what it removes is looked at first
+            removed = int(await mirror.ack(self, pipe, command, position, durable, via))
+        else:
+            removed = int(await self.link.call(tag, *command, write=True, durable=durable))
         self.counters.acknowledged += removed
         self._wake(pipe)
         return removed
@@ -767,7 +759,7 @@ class RedisEngine:
         lease: bool = False,
         via: str | None = None,
     ) -> RedisCursor:
-        return RedisCursor(self, principal, pipe, after, lease)
+        return RedisCursor(self, principal, pipe, after, lease, via)
 
     # ------------------------------------------------------------ statistics and admin
     async def stats(self) -> Stats:

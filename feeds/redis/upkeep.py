@@ -14,7 +14,7 @@ from restms.errors import ServiceUnavailable
 
 from ..routing import QUEUEING_TYPES
 from ..store import loads
-from . import resources
+from . import mirror, resources
 from .catalogue import BUCKETS, bucket
 from .publishing import dead_letter, hand_over
 
@@ -76,6 +76,8 @@ async def sweep(engine: RedisEngine, index: int) -> None:
         found = engine.cache.pipes.get(pipe)
         if found is None:
             continue
+        if engine._mirror is not None:
+            mirror.pipe_event(engine, "redeliver", found, mirror.Held.of_record(data))
         if not moved:
             why = (("x-delivery-count", str(times)),)
             await dead_letter(engine, found, data, "max-deliveries", why, None)

@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING
 from restms.errors import NotFound, ServiceUnavailable
 from restms.webhook import WebhookOptions
 
-from ..service import Webhook, WebhookAttempts
+from ..service import Message, Webhook, WebhookAttempts
 from ..store import dumps, loads
 from ..webhook import Hook, apply_change
+from . import mirror
 from .catalogue import PipeRec
 from .values import webhook
 
@@ -90,14 +91,21 @@ async def _hooked(engine: RedisEngine, key: str) -> tuple[PipeRec, Hook]:
     return pipe, hook
 
 
-async def _held(engine: RedisEngine, pipe: PipeRec, hook: Hook, position: int) -> bool:
-    """Whether the message is still in the pipe; when not, its attempts are forgotten."""
-    if await engine.look(None, pipe.key, position) is not None:
-        return True
+async def _held(
+    engine: RedisEngine, pipe: PipeRec, hook: Hook, position: int, attempt: str | None = None
+) -> Message | None:
+    """The message, if it is still in the pipe (``attempt``: the status of an attempt at
+    it, mirrored); when not, its attempts are forgotten."""
+    message = await engine.look(None, pipe.key, position)
+    if message is not None:
+        if attempt is not None and engine._mirror is not None:
+            held = mirror.Held.of_message(message)
+            mirror.pipe_event(engine, "webhook_attempt", pipe, held, attempt)
+        return message
     if position in hook.attempts:
         hook.done(position)
         await save(engine, pipe, hook, durable=False)
-    return False
+    return None
 
 
 async def _settle(
@@ -151,14 +159,16 @@ async def verified(engine: RedisEngine, key: str, ok: bool, status: str, error: 
 
 async def delivered(engine: RedisEngine, key: str, position: int, status: str) -> bool:
     pipe, hook = await _hooked(engine, key)
-    if not await _held(engine, pipe, hook, position):
+    message = await _held(engine, pipe, hook, position, status)
+    if message is None:
         return False
     hook.outcome(status, "", time.time())
     hook.delivered += 1
     hook.done(position)
     engine.counters.hook_delivered += 1
     engine.counters.delivered += 1
-    await _settle(engine, pipe, position)
+    if await _settle(engine, pipe, position) is not None and engine._mirror is not None:
+        mirror.hook_delivered(engine, pipe, message, status)
     await save(engine, pipe, hook, durable=False)
     return True
 
@@ -173,7 +183,7 @@ async def failed(
     retry_at: float,
 ) -> bool:
     pipe, hook = await _hooked(engine, key)
-    if not await _held(engine, pipe, hook, position) or not hook.delivering:
+    if not await _held(engine, pipe, hook, position, status) or not hook.delivering:
         return False
     hook.outcome(status, error, time.time())
     hook.failed(position, attempt, retry_at)
@@ -201,7 +211,7 @@ async def give_up(engine: RedisEngine, key: str, position: int, reason: str) -> 
 
 async def gone(engine: RedisEngine, key: str, position: int, status: str) -> bool:
     pipe, hook = await _hooked(engine, key)
-    if not await _held(engine, pipe, hook, position) or not hook.delivering:
+    if not await _held(engine, pipe, hook, position, status) or not hook.delivering:
         return False
     hook.outcome(status, "the receiver ended the subscription", time.time())
     hook.done(position)

@@ -39,8 +39,6 @@ REDIS_LACKS = frozenset(
         "test_a_purge_takes_what_is_on_disk_and_is_kept",
         "test_messages_past_the_memory_budget_are_read_back_in_order",
         "test_memory_only_messages_past_the_memory_budget_are_lost_in_a_restart",
-        # The traffic mirror: no events are offered to a sink yet.
-        "test_a_mirror_sink_is_offered_what_is_done_until_taken_away",
     }
 )
 # Leases run out and the journal is flushed within these many seconds, so tests that
