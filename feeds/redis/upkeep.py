@@ -1,6 +1,7 @@
 """The Redis engine's upkeep, run by every engine: leases that ran out (a bucket at a
 time, one engine at a time under the lock the sweep function takes), staged contents
-past their TTL and idle pipes (Q1)."""
+past their TTL and idle pipes (Q1, looked for every tenth of the idle timeout, at most
+every minute)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
+IDLE_LOOK = 60.0  # seconds between looks for idle pipes, at most (a tenth of the timeout)
 _R = "restms_v2_"
 
 
@@ -30,6 +32,8 @@ async def sweeper(engine: RedisEngine) -> None:
     """The engine's upkeep: leases of the buckets it leased in, every bucket now and
     then (leases other engines took), staged contents' TTLs and idle pipes."""
     every = 0.0
+    idle_every = min(IDLE_LOOK, engine.config.pipe_idle_timeout / 10)
+    idle_due = time.monotonic() + idle_every
     while not engine._closing:
         await asyncio.sleep(engine._sweep_interval)
         every += engine._sweep_interval
@@ -45,6 +49,10 @@ async def sweeper(engine: RedisEngine) -> None:
                 engine._events.flush()
             if not every:
                 await expire_staged(engine)
+            # Looking at every pipe's last use costs in proportion to the pipes, so
+            # not every second: a pipe is collected within a tenth of its timeout.
+            if time.monotonic() >= idle_due:
+                idle_due = time.monotonic() + idle_every
                 await collect_idle(engine)
         except ServiceUnavailable as exc:
             log.warning("sweep failed: %s", exc.reason)
