@@ -11,6 +11,7 @@ Only the namespace is the test's own, on the project's cluster (127.0.0.1:7101-7
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -65,26 +66,34 @@ async def start(
     proxy = await RoundRobinProxy([]).start()
     served = ", ".join(filter(None, [overrides.get("allowed_hosts"), proxy.host]))
     closers: list[Closer] = [proxy.close]
+    settings = [
+        {
+            **overrides,
+            "allowed_hosts": served,
+            "engine": "redis",
+            "redis_url": CLUSTER_URL,
+            "redis_namespace": name,
+            "data_dir": f"{overrides['data_dir']}-node{i}",
+        }
+        for i in range(NODES)
+    ]
+    # Started together: each node's start is mostly waiting for the cluster.
+    started = await asyncio.gather(
+        *(serve(config(port=0, **each)) for each in settings), return_exceptions=True
+    )
     apps = []
-    try:
-        for i in range(NODES):
-            settings = {
-                **overrides,
-                "allowed_hosts": served,
-                "engine": "redis",
-                "redis_url": CLUSTER_URL,
-                "redis_namespace": name,
-                "data_dir": f"{overrides['data_dir']}-node{i}",
-            }
-            app, runner, url = await serve(config(port=0, **settings))
+    for outcome in started:
+        if not isinstance(outcome, BaseException):
+            app, runner, url = outcome
             closers.append(runner.cleanup)
             apps.append(app)
             proxy.add(url)
-    except BaseException:
+    failed = next((o for o in started if isinstance(o, BaseException)), None)
+    if failed is not None:
         for close in closers:
             await close()
         await forget(name)
-        raise
+        raise failed
 
     async def forget_namespace() -> None:
         await forget(name)
