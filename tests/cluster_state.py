@@ -1,7 +1,11 @@
 """Fixtures for tests of the state gateway nodes share in the project's Redis Cluster
 (127.0.0.1:7101-7106, ``scripts/cluster up``): each test has a namespace of its own,
 whose keys are deleted after it. A test that needs the cluster fails, never skips,
-when it cannot be had."""
+when it cannot be had.
+
+Also what the failure tests (a master killed or stopped) need of the cluster's
+instances: which one is a slot's master, its pid, and the cluster brought back whole
+afterwards."""
 
 from __future__ import annotations
 
@@ -14,15 +18,23 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from auth.cluster import Shared
+from tests import nodes
+from tests.integration.test_cluster_script import DIR as CLUSTER_DIR
+from tests.integration.test_cluster_script import PORTS
 from tests.integration.test_cluster_script import redis as _redis_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 URL = "redis://127.0.0.1:7101"
 DEAD = "redis://127.0.0.1:7199"  # nothing listens there: a cluster that does not answer
+NODE_TIMEOUT = 3.0  # scripts/cluster's cluster-node-timeout
 
 
 @pytest.fixture(scope="session")
@@ -138,3 +150,58 @@ def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"not within {timeout} s: {what}", pytrace=False)
         time.sleep(0.05)
+
+
+async def master_port(key: str) -> int:
+    """The port of the instance that is the master of ``key``'s slot now."""
+    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
+    try:
+        await cluster.initialize()
+        return int(cluster.get_node_from_key(key).port)
+    finally:
+        await cluster.aclose()
+
+
+def instance_pid(port: int) -> int:
+    """The pid of the project's instance on ``port`` (its pid file)."""
+    return int((CLUSTER_DIR / str(port) / "redis.pid").read_text())
+
+
+async def role(port: int) -> list[Any]:
+    """``ROLE`` of the instance on ``port``; bounded: a stopped one raises TimeoutError."""
+    async with Redis(
+        host="127.0.0.1", port=port, driver_info=nodes.DRIVER, socket_timeout=1.0
+    ) as instance:
+        return list(await instance.execute_command("ROLE"))
+
+
+async def whole() -> bool:
+    """Every slot served, and three masters each with one replica whose link is up (a
+    replica still loading its copy says so): the cluster as the next test needs it."""
+    try:
+        roles = {port: await role(port) for port in PORTS}
+        async with Redis(host="127.0.0.1", port=PORTS[0], driver_info=nodes.DRIVER) as first:
+            info = (await first.execute_command("CLUSTER", "INFO")).decode()
+    except (RedisError, OSError):
+        return False
+    masters = {port for port, r in roles.items() if r[0] == b"master"}
+    linked = [int(r[2]) for r in roles.values() if r[0] == b"slave" and r[3] == b"connected"]
+    return (
+        "cluster_state:ok" in info
+        and "cluster_slots_assigned:16384" in info
+        and len(masters) == 3
+        and sorted(linked) == sorted(masters)
+    )
+
+
+def cluster_up() -> None:
+    """``scripts/cluster up``: whatever instance is down started again (it rejoins as a
+    replica), and every slot served with three masters and three replicas."""
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "cluster"), "up"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr

@@ -13,47 +13,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
-from redis.asyncio.cluster import RedisCluster
 
 from feeds.redis.catalogue import Keys
-from tests import nodes
 from tests.app.test_node_kill import JSON, persistent, three_nodes
+from tests.cluster_state import NODE_TIMEOUT, cluster_up, instance_pid, master_port
 
 pytestmark = pytest.mark.app
 
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = Path(os.environ.get("RESTMS_CLUSTER_DIR", "/var/tmp/restms-cluster"))
 EACH = 60
 KILL_AFTER = 15
-NODE_TIMEOUT = 3.0  # scripts/cluster's cluster-node-timeout
 RESUMED_WITHIN = NODE_TIMEOUT + 12.0  # failover, the killed one back as a replica
-
-
-async def master_port(tag: str) -> int:
-    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
-    try:
-        await cluster.initialize()
-        return int(cluster.get_node_from_key(tag).port)
-    finally:
-        await cluster.aclose()
-
-
-def cluster_up() -> None:
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "cluster"), "up"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
 
 
 async def test_a_master_killed_during_publishing_refuses_never_lies(tmp_path: Path) -> None:
@@ -69,7 +44,7 @@ async def test_a_master_killed_during_publishing_refuses_never_lies(tmp_path: Pa
             pipe = orjson.loads(await r.read())["restms"]["pipe"][0]["name"]
         _, _, tag = Keys(running.namespace).pipe(pipe)
         port = await master_port(tag)
-        pid = int((CLUSTER_DIR / str(port) / "redis.pid").read_text())
+        pid = instance_pid(port)
         acked: list[int] = []
         refused: list[float] = []  # when each 503 came
         answered: list[float] = []  # when each 200 came
