@@ -82,6 +82,24 @@ async def publish(
     messages: Sequence[MessageSpec],
     via: str | None = None,
 ) -> PublishResult:
+    """Publish, to the end even when the caller goes away (a client that gave up): the
+    copies placed are then committed or taken back, and the ids remembered or released,
+    as if it had waited; only the reply is lost. Stopped midway, a placed copy would
+    stay without its ``WAIT`` or withdrawal, its id released: a retry would place it
+    again."""
+    task = asyncio.ensure_future(_publish(engine, principal, key, messages))
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])  # bounded: each of its calls has the link's timeout
+        if not task.cancelled():
+            task.exception()  # its failure, if any, is nobody's to answer now
+        raise
+
+
+async def _publish(
+    engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec]
+) -> PublishResult:
     await engine._fresh()  # route with every join committed before this publish
     feed = await engine._feed(principal, key)
     now = time.time()
