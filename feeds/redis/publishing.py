@@ -87,7 +87,7 @@ async def publish(
     as if it had waited; only the reply is lost. Stopped midway, a placed copy would
     stay without its ``WAIT`` or withdrawal, its id released: a retry would place it
     again."""
-    task = asyncio.ensure_future(_publish(engine, principal, key, messages))
+    task = asyncio.ensure_future(_publish(engine, principal, key, messages, via))
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
@@ -98,7 +98,11 @@ async def publish(
 
 
 async def _publish(
-    engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec]
+    engine: RedisEngine,
+    principal: str,
+    key: str,
+    messages: Sequence[MessageSpec],
+    via: str | None,
 ) -> PublishResult:
     await engine._fresh()  # route with every join committed before this publish
     feed = await engine._feed(principal, key)
