@@ -6,8 +6,11 @@ and send a message again through the next node when a node does not answer (a
 publish whose answer was lost may have been kept: its id makes the repeat a
 duplicate, not a second copy). A reader takes the oldest message and acknowledges it
 (DELETE) through the two nodes that live on. The third node is killed midway. Then:
-every publish answered 200 was delivered once, each publisher's messages in the order
-it sent them, and no message acknowledged came back.
+every publish answered 200 was delivered, each publisher's messages in the order it
+sent them, and no message acknowledged came back. Only a message whose publish was
+under way on the killed node may be held twice: its id was claimed there and never
+settled, and a claim nobody settles is not taken as proof that the message was kept
+(docs/CLUSTER.md, "Message ids"), so the repeat placed it again.
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
             assert r.status == 201, await r.text()
             pipe = orjson.loads(await r.read())["restms"]["pipe"][0]["name"]
         acked: dict[int, list[int]] = {k: [] for k in range(PUBLISHERS)}
+        cut: set[str] = set()  # messages whose publish got no answer (the node died)
         killed = asyncio.Event()
 
         async def publish(k: int) -> None:
@@ -124,6 +128,7 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
                                 break
                             assert r.status == 503, await r.text()  # refused, never lied
                     except aiohttp.ClientError:
+                        cut.add(f"p{k}-{i}")
                         continue  # the node is gone: the next one
                 if len(acked[k]) == KILL_AFTER and not killed.is_set():
                     running.procs[2].send_signal(signal.SIGKILL)
@@ -164,9 +169,11 @@ async def test_a_node_killed_during_traffic_loses_and_repeats_nothing(tmp_path: 
             await reader
         assert killed.is_set()
         assert running.procs[2].returncode == -signal.SIGKILL
-        assert len(seen) == len(set(seen)), "a message came back after its acknowledgement"
+        twice = {v for v in seen if seen.count(v) > 1}
+        assert twice <= cut, f"held twice though no publish of it was cut: {twice - cut}"
+        assert all(seen.count(v) <= 2 for v in twice), seen
         for k in range(PUBLISHERS):
-            mine = [int(v.split("-")[1]) for v in seen if v.startswith(f"p{k}-")]
+            mine = list(dict.fromkeys(int(v.split("-")[1]) for v in seen if v.startswith(f"p{k}-")))
             assert set(acked[k]) <= set(mine), f"publisher {k}: lost {set(acked[k]) - set(mine)}"
             assert mine == sorted(mine), f"publisher {k}: out of order {mine}"
             assert len(acked[k]) == EACH  # each sent again through another node until kept
