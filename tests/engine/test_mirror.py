@@ -291,6 +291,31 @@ async def test_copies_full_pipes_skip_or_drop_and_refused_publishes_are_mirrored
     )
 
 
+async def test_each_pipe_a_publish_makes_drop_its_oldest_mirrors_its_own_drop(
+    engine: EngineService, sink: Sink
+) -> None:
+    # More pipes than the Redis engine has buckets (64), so that some share one: it
+    # places a bucket's copies in one call, whose answer gives each pipe's drops.
+    wide = await new_feed(engine, "wide", "topic")
+    pipes = [await new_pipe(engine, max_messages=1, overflow="drop-oldest") for _ in range(65)]
+    own = [msg(f"own {i}", f"p{i}", mid=f"own-{i}") for i in range(len(pipes))]
+    for i, pipe in enumerate(pipes):
+        await join(engine, pipe, wide, f"p{i}")
+        await join(engine, pipe, wide, "all")
+    assert await publish(engine, wide, *own) == [1] * len(pipes)
+    sink.rows()
+    everyone = msg("everyone", "all", mid="all")
+    assert await publish(engine, wide, everyone) == [len(pipes)]
+    assert sink.rows() == rows(
+        row("publish", wide, everyone, principal=ME),
+        *(row("route", wide, everyone, pipe) for pipe in pipes),
+        *(
+            row("drop", wide, held, pipe, ME, "dropped-oldest")
+            for held, pipe in zip(own, pipes, strict=True)
+        ),
+    )
+
+
 async def test_a_staged_content_weighs_in_its_copies_not_its_publish(
     engine: EngineService, sink: Sink
 ) -> None:
