@@ -116,12 +116,29 @@ local function pipe_key(s)
   return string.match(s, ':s:(.*)$')
 end
 
+-- What the traffic mirror needs of an entry a call removes (feeds/redis/mirror.py),
+-- appended to out: its size, its record's address, properties, headers and feed (JSON),
+-- and its arrival time (exact: seventeen digits); never its contents. A record that
+-- cannot be read is left out: the mirror never fails the call it rides on.
+local function head(fields, out)
+  local ok, r = pcall(cjson.decode, entry_field(fields, 'm') or '')
+  if ok and type(r) == 'table' then
+    local done, text = pcall(cjson.encode, {r[1], r[2], r[3], r[4]})
+    if done then
+      out[#out + 1] = entry_field(fields, 'z') or '0'
+      out[#out + 1] = text
+      out[#out + 1] = string.format('%.17g', tonumber(r[5]) or 0)
+    end
+  end
+end
+
 -- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, then per pipe: max_messages,
--- max_bytes, overflow, n, then n times: size, expires (0: never), record.
--- Returns per pipe: how many drop-oldest dropped, then each message's position (0: it
--- did not fit, skipped).
+-- max_bytes, overflow, n, then n times: size, expires (0: never), record; then, only
+-- with the traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then
+-- each message's position (0: it did not fit, skipped); with the mirror on, then one
+-- more item: per pipe, the heads (head) of those it dropped, the oldest first.
 local function place(keys, args)
-  local out, woken = {}, {}
+  local out, woken, dropped = {}, {}, {}
   local a = 3
   for k = 1, #keys, 2 do
     local s, h = keys[k], keys[k + 1]
@@ -142,6 +159,10 @@ local function place(keys, args)
           mark(h, 'lost', position_of(first[1]))
           len = len - 1
           out[at] = out[at] + 1
+          -- Kept aside: the mirror's flag comes after every pipe's messages.
+          local pipe = (k + 1) / 2
+          dropped[pipe] = dropped[pipe] or {}
+          table.insert(dropped[pipe], first[2])
         end
       end
       if len >= maxm or bytes + size > maxb then
@@ -163,6 +184,16 @@ local function place(keys, args)
     woken[#woken + 1] = pipe_key(s)
   end
   redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
+  if args[a] == '1' then -- the mirror's flag, after the last pipe's messages
+    local heads = {}
+    for pipe = 1, #keys / 2 do
+      heads[pipe] = {}
+      for _, fields in ipairs(dropped[pipe] or {}) do
+        head(fields, heads[pipe])
+      end
+    end
+    out[#out + 1] = heads
+  end
   return out
 end
 
@@ -192,7 +223,8 @@ local function room(keys, args)
 end
 
 -- Drop what expired among entries just read; returns those left and how many went.
-local function unexpired(s, h, entries, now)
+-- heads (the mirror on): a table the heads of those that went are appended to.
+local function unexpired(s, h, entries, now, heads)
   local kept, gone = {}, 0
   for _, entry in ipairs(entries) do
     local expires = entry_field(entry[2], 'e')
@@ -200,6 +232,9 @@ local function unexpired(s, h, entries, now)
       remove(s, h, entry[1], entry[2])
       mark(h, 'lost', position_of(entry[1]))
       gone = gone + 1
+      if heads then
+        head(entry[2], heads)
+      end
     else
       kept[#kept + 1] = entry
     end
@@ -211,12 +246,14 @@ local function unexpired(s, h, entries, now)
 end
 
 -- KEYS: s, h. ARGV: first position (0: the oldest), count, now, whether this is a use
--- of the pipe (1: its idle time starts again, Q1; 0: an administrator's look). Returns {asynclet,
--- expired, oldest (0: none), held, then per message: position, record, size,
--- redeliveries, deleted contents ("": none)}.
+-- of the pipe (1: its idle time starts again, Q1; 0: an administrator's look), and,
+-- only with the traffic mirror on, '1'. Returns {asynclet, expired, oldest (0: none),
+-- held, then per message: position, record, size, redeliveries, deleted contents ("":
+-- none)}; with the mirror on, then one more item: the heads (head) of those that expired.
 local function range(keys, args)
   local s, h = keys[1], keys[2]
   local from, count, now = num(args[1]), num(args[2]), num(args[3])
+  local heads = args[5] == '1' and {} or nil
   if args[4] == '1' then
     redis.call('HSET', h, 'at', now)
   end
@@ -225,7 +262,7 @@ local function range(keys, args)
   if count > 0 then
     read = redis.call('XRANGE', s, start, '+', 'COUNT', count)
   end
-  local entries, gone = unexpired(s, h, read, now)
+  local entries, gone = unexpired(s, h, read, now, heads)
   local first = redis.call('XRANGE', s, '-', '+', 'COUNT', 1)
   local oldest = #first > 0 and num(string.match(first[1][1], '%-(%d+)$')) or 0
   local out = {num(redis.call('HGET', h, 'next')) + 1, gone, oldest, redis.call('XLEN', s)}
@@ -237,35 +274,48 @@ local function range(keys, args)
     out[#out + 1] = num(redis.call('HGET', h, 'r:' .. pos))
     out[#out + 1] = redis.call('HGET', h, 'd:' .. pos) or ''
   end
+  if heads then
+    out[#out + 1] = heads
+  end
   return out
 end
 
--- KEYS: s, h. ARGV: channel, position, now (0: an administrator's purge, not a use).
--- Removes it and every older one (the cumulative DELETE); returns how many went.
+-- KEYS: s, h. ARGV: channel, position, now (0: an administrator's purge, not a use),
+-- and, only with the traffic mirror on, '1'. Removes it and every older one (the
+-- cumulative DELETE); returns how many went, or with the mirror on {how many, then
+-- the heads (head) of those that went}.
 local function ack(keys, args)
   local s, h = keys[1], keys[2]
   local pos = num(args[2])
+  local heads = args[4] == '1' and {0} or nil
   if args[3] ~= '0' then
     redis.call('HSET', h, 'at', args[3])
   end
   if pos > num(redis.call('HGET', h, 'next')) then
-    return 0 -- the asynclet or beyond: nothing (A7)
+    return heads or 0 -- the asynclet or beyond: nothing (A7)
   end
   mark(h, 'acked', pos)
   local gone = redis.call('XRANGE', s, '-', '0-' .. pos)
   if #gone == 0 then
-    return 0
+    return heads or 0
   end
   local bytes = 0
   for _, entry in ipairs(gone) do
     bytes = bytes + num(entry_field(entry[2], 'z'))
     local at = string.match(entry[1], '%-(%d+)$')
     redis.call('HDEL', h, 'r:' .. at, 'd:' .. at)
+    if heads then
+      head(entry[2], heads)
+    end
   end
   redis.call('XTRIM', s, 'MINID', '0-' .. (pos + 1))
   redis.call('HINCRBY', h, 'bytes', -bytes)
   redis.call('HINCRBY', h, 'ver', 1)
   redis.call('SPUBLISH', args[1], pipe_key(s))
+  if heads then
+    heads[1] = #gone
+    return heads
+  end
   return #gone
 end
 

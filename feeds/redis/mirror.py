@@ -18,14 +18,13 @@ of a message, made from a :class:`feeds.service.Message`, a stored record or the
 of a stream entry (:class:`Held`). A pipe's messages are named by their public feed's
 name, looked up in the catalogue for its type.
 
-Three function calls of ``library.lua`` remove messages without handing them back:
-``ack`` (the cumulative acknowledgement), ``range`` (what expired among the entries it
-reads) and ``place`` (the oldest, dropped for room by a "drop-oldest" pipe). With the
-mirror on, each is sent after a read-only script, on the same connection in the same
-write, so Redis runs the two back to back: the script answers the heads of the entries
-the call is about to remove (:func:`heads`: position, size, address, properties,
-headers, feed and arrival, never the contents), and the call's own answer says how many
-went. One round trip, as without the mirror.
+Three function calls of ``library.lua`` remove messages: ``ack`` (the cumulative
+acknowledgement), ``range`` (what expired among the entries it reads) and ``place`` (the
+oldest, dropped for room by a "drop-oldest" pipe). With the mirror on, each is sent with
+one more argument, and its answer then also holds the heads of the entries it removed
+(:func:`heads`: size, address, properties, headers, feed and arrival, never the
+contents), made as it removes them: the same call, the same round trip, and no other
+reader's work in between.
 """
 
 from __future__ import annotations
@@ -121,131 +120,29 @@ class Held:
         return cls(spec, fields[3], message_size(spec, decode_parts(fields[6])), fields[4])
 
 
-# ---------------------------------------------------------------- looks before a call
-# The head of each entry given (a list ``entries``, as XRANGE answers them), appended
-# to ``out``: its id, its size, its record's address, properties, headers and feed
-# (JSON), and its arrival time (exact: seventeen digits). Its contents stay. A record
-# that cannot be read is left out: a look never fails the call sent after it.
-_HEADS = """#!lua flags=no-writes
-local function heads(entries, out)
-  for _, entry in ipairs(entries) do
-    local fields, record, size = entry[2], nil, nil
-    for j = 1, #fields, 2 do
-      if fields[j] == 'm' then
-        record = fields[j + 1]
-      elseif fields[j] == 'z' then
-        size = fields[j + 1]
-      end
-    end
-    local ok, r = pcall(cjson.decode, record or '')
-    if ok and type(r) == 'table' then
-      local done, head = pcall(cjson.encode, {r[1], r[2], r[3], r[4]})
-      if done then
-        out[#out + 1] = entry[1]
-        out[#out + 1] = size or '0'
-        out[#out + 1] = head
-        out[#out + 1] = string.format('%.17g', tonumber(r[5]) or 0)
-      end
-    end
-  end
-  return out
-end
-"""
-
-# KEYS: s. ARGV: position. What ``ack`` at that position removes: every entry up to it.
-UPTO = _HEADS + "return heads(redis.call('XRANGE', KEYS[1], '-', '0-' .. ARGV[1]), {})\n"
-
-# KEYS: s. ARGV: first position (0: the oldest), count, now. What ``range`` with the
-# same arguments drops as expired: the entries it reads whose expiry time has come.
-EXPIRED = (
-    _HEADS
-    + """local from, now = tonumber(ARGV[1]) or 0, tonumber(ARGV[3])
-local start = from > 0 and ('0-' .. from) or '-'
-local gone = {}
-for _, entry in ipairs(redis.call('XRANGE', KEYS[1], start, '+', 'COUNT', ARGV[2])) do
-  local fields = entry[2]
-  for j = 1, #fields, 2 do
-    if fields[j] == 'e' and (tonumber(fields[j + 1]) or 0) <= now then
-      gone[#gone + 1] = entry
-    end
-  end
-end
-return heads(gone, {})
-"""
-)
-
-# KEYS: s, h. ARGV: max messages, max bytes, how many messages ``place`` will add and
-# their bytes. At least the oldest entries that ``place`` may drop for them: an entry
-# goes only while the pipe (it, those after it, and the new messages before the one
-# that needs room) is over a limit, so every entry it drops is among the first ones
-# whose removal brings the pipe with all the new messages within both limits.
-OLDEST = (
-    _HEADS
-    + """local maxm, maxb = tonumber(ARGV[1]), tonumber(ARGV[2])
-local len = redis.call('XLEN', KEYS[1])
-local count = len + tonumber(ARGV[3]) - maxm
-local free = tonumber(redis.call('HGET', KEYS[2], 'bytes') or '0') + tonumber(ARGV[4]) - maxb
-local out, taken, freed, after = {}, 0, 0, '-'
-while taken < len and (taken < count or freed < free) do
-  local batch = redis.call('XRANGE', KEYS[1], after, '+', 'COUNT', 100)
-  if #batch == 0 then
-    break
-  end
-  for _, entry in ipairs(batch) do
-    if taken >= count and freed >= free then
-      break
-    end
-    heads({entry}, out)
-    taken = taken + 1
-    local fields = entry[2]
-    for j = 1, #fields, 2 do
-      if fields[j] == 'z' then
-        freed = freed + (tonumber(fields[j + 1]) or 0)
-      end
-    end
-    after = '(' .. entry[1]
-  end
-end
-return out
-"""
-)
-
-
-def heads(reply: Sequence[Any]) -> list[Held]:
-    """The messages a look answered (:data:`UPTO`, :data:`EXPIRED`, :data:`OLDEST`)."""
+# ---------------------------------------------------------------- calls that remove messages
+def heads(reply: Sequence[Any], start: int = 0) -> list[Held]:
+    """The messages a call removed, as its answer gives them from ``start`` (the function
+    ``head`` of ``library.lua``: three items each)."""
     found: list[Held] = []
-    for i in range(0, len(reply), 4):
-        fields = loads(reply[i + 2])
-        found.append(Held(message_spec(fields), fields[3], int(reply[i + 1]), float(reply[i + 3])))
+    for i in range(start, len(reply), 3):
+        fields = loads(reply[i + 1])
+        found.append(Held(message_spec(fields), fields[3], int(reply[i]), float(reply[i + 2])))
     return found
 
 
-def oldest(
-    stream: str, state: str, most: int, most_bytes: int, sizes: list[int]
-) -> tuple[Any, ...]:
-    """The look to send before a ``place`` in a "drop-oldest" pipe (:data:`OLDEST`)."""
-    return ("EVAL", OLDEST, 2, stream, state, most, most_bytes, len(sizes), sum(sizes))
-
-
-# ---------------------------------------------------------------- calls that remove messages
 async def ack(
-    engine: RedisEngine,
-    pipe: str,
-    command: tuple[Any, ...],
-    position: int,
-    durable: bool,
-    via: str | None,
-) -> Any:
-    """``command``, a pipe's ``ack`` at ``position`` in its slot, after a look at what
-    it removes; its answer. Each message it removed is a "bridge_out" event first when
-    a bridge's cursor (``via``) acknowledges it, then an "ack" event."""
-    stream, _state, tag = engine.keys.pipe(pipe)
-    look = ("EVAL", UPTO, 1, stream, position)
-    peeked, removed = await engine.link.batch(tag, [look, command], write=True, durable=durable)
+    engine: RedisEngine, pipe: str, command: tuple[Any, ...], durable: bool, via: str | None
+) -> int:
+    """``command``, a pipe's ``ack`` in its slot, sent asking for what it removes; how
+    many it removed. Each message it removed is a "bridge_out" event first when a
+    bridge's cursor (``via``) acknowledges it, then an "ack" event."""
+    _stream, _state, tag = engine.keys.pipe(pipe)
+    reply = await engine.link.call(tag, *command, 1, write=True, durable=durable)
+    removed = int(reply[0])
     sink, found = engine._mirror, engine.cache.pipes.get(pipe)
     if removed and sink is not None and found is not None:
-        # Others' acknowledgements meanwhile took older ones: this one took the newest.
-        gone = heads(peeked)[-int(removed) :]
+        gone = heads(reply, 1)
         now, view, feeds = time.time(), pipe_view(found), engine.cache.feeds
         if via is not None:
             for held in gone:
@@ -255,43 +152,29 @@ async def ack(
     return removed
 
 
-async def ranged(
-    engine: RedisEngine, pipe: str, command: tuple[Any, ...], first: int, count: int, now: int
-) -> list[Any]:
-    """``command``, a pipe's ``range`` from ``first`` (``count`` entries, expired at
-    ``now`` in milliseconds), after a look at what expired; its answer. Each message
-    it dropped as expired is an "expire" event."""
-    stream, _state, tag = engine.keys.pipe(pipe)
-    look = ("EVAL", EXPIRED, 1, stream, first, count, now)
-    peeked, reply = await engine.link.batch(tag, [look, command], write=True)
+async def ranged(engine: RedisEngine, pipe: str, command: tuple[Any, ...]) -> list[Any]:
+    """``command``, a pipe's ``range`` in its slot, sent asking for what expired; its
+    answer without that. Each message it dropped as expired is an "expire" event."""
+    _stream, _state, tag = engine.keys.pipe(pipe)
+    reply: list[Any]
+    *reply, expired = await engine.link.call(tag, *command, 1, write=True)
     sink, found = engine._mirror, engine.cache.pipes.get(pipe)
     if reply[1] and sink is not None and found is not None:
         wall, view, feeds = time.time(), pipe_view(found), engine.cache.feeds
-        for held in heads(peeked)[: int(reply[1])]:
+        for held in heads(expired):
             emit_pipe(sink, "expire", wall, view, held, feeds, "expired")
-    return list(reply)
+    return reply
 
 
-def dropped(
-    engine: RedisEngine,
-    pipe: PipeRec,
-    peeked: Sequence[Any],
-    count: int,
-    placed: Sequence[tuple[MessageSpec, bytes, int, bool]],
-) -> None:
-    """A "drop-oldest" pipe's ``place`` dropped ``count`` messages for room, the oldest
-    first: those the look before it found (``peeked``), then, past them, copies the
-    same call had placed (``placed``: spec, record, size, persistent; in order). Each
-    is a "drop" event."""
+def dropped(engine: RedisEngine, pipe: PipeRec, removed: Sequence[Any]) -> None:
+    """A "drop-oldest" pipe's ``place`` dropped messages for room, the oldest first,
+    copies the same call had just placed among them: ``removed``, their heads as its
+    answer gave them. Each is a "drop" event."""
     sink = engine._mirror
     if sink is None:
         return
-    gone = heads(peeked)[:count]
-    for spec, record, size, _kept in placed[: max(0, count - len(gone))]:
-        fields = loads(record)
-        gone.append(Held(spec, fields[3], size, fields[4]))
     now, view, feeds = time.time(), pipe_view(pipe), engine.cache.feeds
-    for held in gone:
+    for held in heads(removed):
         emit_pipe(sink, "drop", now, view, held, feeds, "dropped-oldest")
 
 

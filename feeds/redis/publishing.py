@@ -366,10 +366,10 @@ async def _place(
 
     async def one(
         tag: str, here: list[str]
-    ) -> tuple[str, list[str], list[int], Unconfirmed | None, dict[str, Any] | None]:
+    ) -> tuple[str, list[str], list[int], Unconfirmed | None, list[Any] | None]:
         keys: list[Any] = []
         args: list[Any] = [tag, now_ms]
-        looks: dict[str, tuple[Any, ...]] | None = None  # what drop-oldest pipes may drop
+        heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
         for key in here:
             stream, state, _tag = engine.keys.pipe(key)
             keys += [stream, state]
@@ -385,29 +385,19 @@ async def _place(
                 ttl = spec.prop("expiration")
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
-            if engine._mirror is not None and settings.overflow == "drop-oldest":
-                sizes = [items[index][2] for index in targets[key]]
-                most, most_bytes = settings.max_messages, settings.max_bytes
-                looks = looks or {}
-                looks[key] = mirror.oldest(stream, state, most, most_bytes, sizes)
+            heads = heads or (engine._mirror is not None and settings.overflow == "drop-oldest")
+        if heads:
+            args.append(1)
         command = ("FCALL", _R + "place", len(keys), *keys, *args)
-        if looks is None:
-            try:
-                reply = await engine.link.call(tag, *command, write=True, durable=durable)
-            except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
-                return tag, here, [int(r) for r in unconfirmed.results[0]], unconfirmed, None
-            return tag, here, [int(r) for r in reply], None, None
-        # The mirror's looks first, on the same connection (feeds.redis.mirror).
         unsure: Unconfirmed | None = None
         try:
-            *peeked, reply = await engine.link.batch(
-                tag, [*looks.values(), command], write=True, durable=durable
-            )
-        except Unconfirmed as exc:
-            unsure = exc
-            *peeked, reply = exc.results
-        found = dict(zip(looks, peeked, strict=True))
-        return tag, here, [int(r) for r in reply], unsure, found
+            reply = await engine.link.call(tag, *command, write=True, durable=durable)
+        except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
+            unsure, reply = unconfirmed, unconfirmed.results[0]
+        removed: list[Any] | None = None
+        if heads:
+            *reply, removed = reply
+        return tag, here, [int(r) for r in reply], unsure, removed
 
     results = await asyncio.gather(
         *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
@@ -418,16 +408,15 @@ async def _place(
         if isinstance(result, BaseException):
             failure = failure or result
             continue
-        _tag, here, reply, unconfirmed, peeked = result
+        _tag, here, reply, unconfirmed, removed = result
         failure = failure or unconfirmed
         at = 0
-        for key in here:
+        for index, key in enumerate(here):
             engine.counters.dropped_oldest += reply[at]
             count = len(targets[key])
-            positions[key] = got = reply[at + 1 : at + 1 + count]
-            if reply[at] and peeked is not None and key in peeked:  # (the mirror on)
-                placed = [items[i] for i, p in zip(targets[key], got, strict=True) if p]
-                mirror.dropped(engine, pipes[key], peeked[key], reply[at], placed)
+            positions[key] = reply[at + 1 : at + 1 + count]
+            if reply[at] and removed is not None:  # (the mirror on)
+                mirror.dropped(engine, pipes[key], removed[index])
             at += 1 + count
     if failure is not None:
         await _withdraw(engine, positions)

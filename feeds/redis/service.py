@@ -592,8 +592,8 @@ class RedisEngine:
         stream, state, tag = self.keys.pipe(pipe)
         now = int(time.time() * 1000)
         command = ("FCALL", _R + "range", 2, stream, state, first, count, now, int(use))
-        if self._mirror is not None and count:  # what expires is looked at first
-            reply = await mirror.ranged(self, pipe, command, first, count, now)
+        if self._mirror is not None and count:  # it also answers what expired
+            reply = await mirror.ranged(self, pipe, command)
         else:
             reply = await self.link.call(tag, *command, write=True)
         if reply[1]:
@@ -720,8 +720,8 @@ class RedisEngine:
         stream, state, tag = self.keys.pipe(pipe)
         now = int(time.time() * 1000) if use else 0
         command = ("FCALL", _R + "ack", 2, stream, state, tag, position, now)
-        if self._mirror is not None:  # what it removes is looked at first
-            removed = int(await mirror.ack(self, pipe, command, position, durable, via))
+        if self._mirror is not None:  # it also answers what it removes
+            removed = await mirror.ack(self, pipe, command, durable, via)
         else:
             removed = int(await self.link.call(tag, *command, write=True, durable=durable))
         self.counters.acknowledged += removed
