@@ -319,14 +319,18 @@ local function ack(keys, args)
   return #gone
 end
 
--- KEYS: s, h. ARGV: channel, position, and 'lost' when the message leaves for good
--- unacknowledged (dead-lettered, or withdrawn). Removes that one message; returns its
--- record and redeliveries, or nothing when it is not there.
+-- KEYS: s, h. ARGV: channel, position, 'lost' when the message leaves for good
+-- unacknowledged (dead-lettered, or withdrawn), and for a withdrawal the record placed
+-- there. Removes that one message; returns its record and redeliveries, or nothing when
+-- it is not there (or another record holds the position).
 local function take_out(keys, args)
   local s, h = keys[1], keys[2]
   local found = redis.call('XRANGE', s, '0-' .. args[2], '0-' .. args[2])
   if #found == 0 then
     return {}
+  end
+  if args[4] and entry_field(found[1][2], 'm') ~= args[4] then
+    return {}  -- another message holds the position: not the one to take back
   end
   local redelivered = num(redis.call('HGET', h, 'r:' .. args[2]))
   remove(s, h, found[1][1], found[1][2])

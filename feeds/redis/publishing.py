@@ -419,21 +419,26 @@ async def _place(
                 mirror.dropped(engine, pipes[key], removed[index])
             at += 1 + count
     if failure is not None:
-        await _withdraw(engine, positions)
+        records = {key: [items[index][1] for index in targets[key]] for key in positions}
+        await _withdraw(engine, positions, records)
         raise failure
     for key in positions:
         engine._wake(key)
     return positions
 
 
-async def _withdraw(engine: RedisEngine, positions: dict[str, list[int]]) -> None:
-    """Take back the copies a failed publish placed (best effort: the store failing)."""
+async def _withdraw(
+    engine: RedisEngine, positions: dict[str, list[int]], records: dict[str, list[bytes]]
+) -> None:
+    """Take back the copies a failed publish placed (best effort: the store failing).
+    Each goes only if its position still holds its record: a master that failed over
+    may have issued that position again to another message, which stays."""
     for key, got in positions.items():
         stream, state, tag = engine.keys.pipe(key)
-        for position in got:
+        for position, record in zip(got, records[key], strict=True):
             if position:
                 try:
-                    await engine.link.call(
+                    taken = await engine.link.call(
                         tag,
                         "FCALL",
                         _R + "take_out",
@@ -443,9 +448,10 @@ async def _withdraw(engine: RedisEngine, positions: dict[str, list[int]]) -> Non
                         tag,
                         position,
                         "lost",  # a reader may have seen it: told as a gap
+                        record,
                         write=True,
                     )
-                    engine.counters.withdrawn += 1
+                    engine.counters.withdrawn += 1 if taken else 0
                 except ServiceUnavailable:
                     return
 

@@ -135,3 +135,22 @@ async def test_a_resource_deleted_on_one_node_is_gone_on_the_other_at_once(
         await second.pipe(ME, pipe.key)
     with pytest.raises(NotFound):
         await second.listing(ME, pipe.key)
+
+
+async def test_a_withdrawal_takes_back_only_the_record_it_placed(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    from feeds.redis.publishing import _withdraw
+
+    first, _second = nodes
+    feed, pipe = await _joined(first, "withdrawn")
+    await publish(first, feed, msg("kept"))
+    stream, _state, tag = first.keys.pipe(pipe.key)
+    ((_id, fields),) = await first.link.call(tag, "XRANGE", stream, "0-1", "0-1")
+    placed = fields[b"m"]
+    # Position 1 holds another message than the one the failed publish placed there (a
+    # master that failed over issued it again): it stays.
+    await _withdraw(first, {pipe.key: [1]}, {pipe.key: [placed + b" (another)"]})
+    assert await texts(first, pipe) == ["kept"]
+    await _withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
+    assert await texts(first, pipe) == []
