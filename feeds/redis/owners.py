@@ -109,6 +109,8 @@ class Owners:
                     self._lose(list(self.held))
                     for solo in self.solos.values():
                         solo.set(False)
+            except Exception:  # a bug of ours: logged, and the rounds go on
+                log.exception("a round of the owners' locks failed")
 
     def poke(self) -> None:
         """Look again now (a listener came, or a webhook pipe was made elsewhere)."""
