@@ -228,6 +228,7 @@ async def _used_memory() -> int:
 async def _make_pipes(namespace: str, count: int) -> float:
     from feeds.redis import RedisEngine
     from feeds.service import EngineConfig, PipeSpec
+    from restms.errors import ServiceUnavailable
 
     engine = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=namespace)
     await engine.start()
@@ -237,7 +238,14 @@ async def _make_pipes(namespace: str, count: int) -> float:
         batch = 16  # creations in flight: each is a compare-and-set on the one catalogue
 
         async def one(i: int) -> None:
-            await engine.create_pipe(f"bench-{i % 100}", "default", PipeSpec())
+            for attempt in range(5):  # a 503 (the shared cluster failing over): again
+                try:
+                    await engine.create_pipe(f"bench-{i % 100}", "default", PipeSpec())
+                    return
+                except ServiceUnavailable:
+                    if attempt == 4:
+                        raise
+                    await asyncio.sleep(1.0)
 
         while made < count:
             now = min(batch, count - made)
