@@ -214,6 +214,10 @@ local window, limit, budget = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARG
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 if old then redis.call('DECRBY', KEYS[3], size(old)) end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+-- Ordered by when each ended: one that ends in the same millisecond as the newest
+-- still comes after it (equal scores would order by digest, and drop the wrong one).
+local newest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+if #newest > 0 and tonumber(newest[2]) >= now then now = tonumber(newest[2]) + 0.001 end
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 local total = redis.call('INCRBY', KEYS[3], size(ARGV[2]))
 while true do

@@ -230,6 +230,17 @@ async def test_replies_are_bounded_by_count_bytes_and_window(shared: Shared) -> 
 
 
 # ---------------------------------------------------------------- a cluster that is down
+async def test_the_oldest_replies_go_first_even_within_one_millisecond(shared: Shared) -> None:
+    replies = RedisReplies(shared, 600, 10, 1_000_000)
+    scopes = [("p", "/f", f"quick-{n}") for n in range(60)]
+    for scope in scopes:
+        await replies.begin(scope)
+    for scope in scopes:  # one after the other: several in each millisecond
+        await replies.end(scope, reply())
+    kept = [scope for scope in scopes if await replies.begin(scope) is not None]
+    assert kept == scopes[-10:]
+
+
 async def test_a_cluster_that_does_not_answer_is_an_error_never_an_answer(dead: Shared) -> None:
     with pytest.raises(SharedStateError):
         await signing_key(dead)
