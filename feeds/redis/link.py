@@ -32,6 +32,7 @@ from restms.errors import NotCommitted, ServiceUnavailable
 
 log = logging.getLogger(__name__)
 LIBRARY = "restms_v2"  # the name library.lua declares: bump both together
+FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.
 _MOVED = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError)

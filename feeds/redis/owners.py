@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from restms.errors import NotFound, ServiceUnavailable
 
+from .link import FUNCTIONS
 from .values import webhook
 
 if TYPE_CHECKING:
@@ -52,7 +53,6 @@ log = logging.getLogger(__name__)
 TTL = 5.0  # seconds a lock lives unless renewed
 RENEW = 1.0  # seconds between a node's rounds
 CHUNK = 500  # locks per function call
-_R = "restms_v2_"
 
 
 class Owners:
@@ -171,7 +171,7 @@ class Owners:
         for start in range(0, len(names), CHUNK):
             keys = [self._lock(name) for name in names[start : start + CHUNK]]
             await self.engine.link.call(
-                self.engine.keys.own, "FCALL", _R + "disown", len(keys), *keys, self.node
+                self.engine.keys.own, "FCALL", FUNCTIONS + "disown", len(keys), *keys, self.node
             )
 
     # ------------------------------------------------------------ helpers
@@ -186,7 +186,7 @@ class Owners:
             reply = await self.engine.link.call(
                 self.engine.keys.own,
                 "FCALL",
-                _R + "own",
+                FUNCTIONS + "own",
                 len(keys),
                 *keys,
                 self.node,

@@ -47,7 +47,7 @@ from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent
 from . import mirror
 from .catalogue import FeedRec, PipeRec, bucket
-from .link import Unconfirmed
+from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy, Held
 from .values import encode_message
 
@@ -62,7 +62,6 @@ IN_FLIGHT = -1  # a claimed message id whose publish has not finished
 CLAIM_TTL = 5
 SETTLE_WAIT = 1.5  # seconds a publish waits for another one's claim of its id to finish
 SETTLE_POLL = 0.02
-_R = "restms_v2_"
 Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
 
 
@@ -345,7 +344,7 @@ async def _check_reject(
         for stream, state, most, most_bytes, sizes in pipes_here:
             keys += [stream, state]
             args += [most, most_bytes, len(sizes), *sizes]
-        fits = await engine.link.call(tag, "FCALL", _R + "room", len(keys), *keys, *args)
+        fits = await engine.link.call(tag, "FCALL", FUNCTIONS + "room", len(keys), *keys, *args)
         if any(fit < len(ask[4]) for fit, ask in zip(fits, pipes_here, strict=True)):
             engine.counters.rejected_full += 1
             raise _Refused("a pipe this publish reaches is full; retry", publisher=False)
@@ -388,7 +387,7 @@ async def _place(
             heads = heads or (engine._mirror is not None and settings.overflow == "drop-oldest")
         if heads:
             args.append(1)
-        command = ("FCALL", _R + "place", len(keys), *keys, *args)
+        command = ("FCALL", FUNCTIONS + "place", len(keys), *keys, *args)
         unsure: Unconfirmed | None = None
         try:
             reply = await engine.link.call(tag, *command, write=True, durable=durable)
@@ -441,7 +440,7 @@ async def _withdraw(
                     taken = await engine.link.call(
                         tag,
                         "FCALL",
-                        _R + "take_out",
+                        FUNCTIONS + "take_out",
                         2,
                         stream,
                         state,
@@ -562,7 +561,7 @@ async def hand_over(
         return
     stream, state, tag = engine.keys.pipe(pipe.key)
     taken = await engine.link.call(
-        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, write=True
+        tag, "FCALL", FUNCTIONS + "take_out", 2, stream, state, tag, position, write=True
     )
     if not taken:
         return
@@ -709,7 +708,7 @@ async def _room_now(
         took = await engine.link.call(
             tag,
             "FCALL",
-            _R + "room",
+            FUNCTIONS + "room",
             2,
             stream,
             state,

@@ -22,13 +22,13 @@ from ..service import (
 )
 from . import mirror, publishing
 from .catalogue import bucket
+from .link import FUNCTIONS
 from .values import first_position
 
 if TYPE_CHECKING:
     from .service import RedisEngine
 
 HIDDEN = "no such resource"
-_R = "restms_v2_"
 
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:
@@ -125,7 +125,7 @@ async def delete_content(engine: RedisEngine, principal: str | None, ref: Conten
     await engine.link.call(
         tag,
         "FCALL",
-        _R + "delete_content",
+        FUNCTIONS + "delete_content",
         2,
         stream,
         state,
@@ -149,7 +149,7 @@ async def dead_letter(
     found = await engine._pipe(principal, pipe)
     stream, state, tag = engine.keys.pipe(found.key)
     taken = await engine.link.call(
-        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, "lost", write=True
+        tag, "FCALL", FUNCTIONS + "take_out", 2, stream, state, tag, position, "lost", write=True
     )
     if not taken:
         raise NotFound("no message at that position")

@@ -93,7 +93,7 @@ from .catalogue import (
     bucket,
 )
 from .cursor import RedisCursor
-from .link import Link, Subscriber
+from .link import FUNCTIONS, Link, Subscriber
 from .owners import Owners
 from .values import (
     Figures,
@@ -118,7 +118,6 @@ URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
 MAX_POSITION = 2**63 - 1
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
-_R = "restms_v2_"  # the function library's prefix (library.lua)
 
 
 class RedisEngine:
@@ -298,7 +297,13 @@ class RedisEngine:
         async with self._syncing:
             keys = self.keys
             reply = await self.link.call(
-                keys.cat, "FCALL", _R + "cat_since", 2, keys.cat, keys.log, self.cache.version
+                keys.cat,
+                "FCALL",
+                FUNCTIONS + "cat_since",
+                2,
+                keys.cat,
+                keys.log,
+                self.cache.version,
             )
             self._news(reply)
 
@@ -340,7 +345,7 @@ class RedisEngine:
             made, version = await self.link.call(
                 keys.cat,
                 "FCALL",
-                _R + "cat_change",
+                FUNCTIONS + "cat_change",
                 2,
                 keys.cat,
                 keys.log,
@@ -591,7 +596,7 @@ class RedisEngine:
         asynclet, expired now, oldest, held, then five items a message."""
         stream, state, tag = self.keys.pipe(pipe)
         now = int(time.time() * 1000)
-        command = ("FCALL", _R + "range", 2, stream, state, first, count, now, int(use))
+        command = ("FCALL", FUNCTIONS + "range", 2, stream, state, first, count, now, int(use))
         if self._mirror is not None and count:  # it also answers what expired
             reply = await mirror.ranged(self, pipe, command)
         else:
@@ -719,7 +724,7 @@ class RedisEngine:
     ) -> int:
         stream, state, tag = self.keys.pipe(pipe)
         now = int(time.time() * 1000) if use else 0
-        command = ("FCALL", _R + "ack", 2, stream, state, tag, position, now)
+        command = ("FCALL", FUNCTIONS + "ack", 2, stream, state, tag, position, now)
         if self._mirror is not None:  # it also answers what it removes
             removed = await mirror.ack(self, pipe, command, durable, via)
         else:

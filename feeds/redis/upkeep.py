@@ -17,6 +17,7 @@ from ..routing import QUEUEING_TYPES
 from ..store import loads
 from . import mirror, resources
 from .catalogue import BUCKETS, bucket
+from .link import FUNCTIONS
 from .publishing import dead_letter, hand_over
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
 IDLE_LOOK = 60.0  # seconds between looks for idle pipes, at most (a tenth of the timeout)
-_R = "restms_v2_"
 
 
 async def sweeper(engine: RedisEngine) -> None:
@@ -67,7 +67,7 @@ async def sweep(engine: RedisEngine, index: int) -> None:
     reply = await engine.link.call(
         tag,
         "FCALL",
-        _R + "sweep",
+        FUNCTIONS + "sweep",
         2,
         leases,
         lock,

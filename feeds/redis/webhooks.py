@@ -21,13 +21,13 @@ from ..store import dumps, loads
 from ..webhook import Hook, apply_change
 from . import mirror
 from .catalogue import PipeRec
+from .link import FUNCTIONS
 from .values import webhook
 
 if TYPE_CHECKING:
     from .service import RedisEngine
 
 HIDDEN = "no such resource"
-_R = "restms_v2_"
 
 
 async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:
@@ -57,7 +57,7 @@ async def save(
     kept = await engine.link.call(
         tag,
         "FCALL",
-        _R + "hook_save",
+        FUNCTIONS + "hook_save",
         1,
         state,
         token,
@@ -116,7 +116,7 @@ async def _settle(
     stream, state, tag = engine.keys.pipe(pipe.key)
     mark = ("lost",) if lost else ()
     taken = await engine.link.call(
-        tag, "FCALL", _R + "take_out", 2, stream, state, tag, position, *mark, write=True
+        tag, "FCALL", FUNCTIONS + "take_out", 2, stream, state, tag, position, *mark, write=True
     )
     if not taken:
         return None
