@@ -12,18 +12,12 @@ With the mirror on, what each publish, hand-out and dead letter did is offered t
 the embedded engine offers it (:mod:`.mirror`): the routes collect each message's pipes
 in the order of its joins for that.
 
-A message id is claimed (``SET NX``, IN_FLIGHT) before its message is placed, and
-given the publish's count once that is done. Another publish of the id, a retry on any
-node, is answered as a duplicate only from that count: while the claim is unfinished
-it waits (SETTLE_WAIT, then 503), for that publish may yet fail and its message not be
-kept. A claim nobody will finish (its node died, or its release was refused while the
-cluster failed over) lasts CLAIM_TTL.
+Message ids are claimed before anything is placed (:mod:`.claims`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import defaultdict
@@ -45,7 +39,7 @@ from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent
-from . import mirror
+from . import claims, mirror
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy, Held
@@ -55,13 +49,6 @@ if TYPE_CHECKING:
     from .service import RedisEngine
 
 log = logging.getLogger(__name__)
-IN_FLIGHT = -1  # a claimed message id whose publish has not finished
-# Seconds an unfinished claim lasts: as long as the link waits for a silent master (its
-# socket timeout), so that a claim nobody will finish (its node died, or its release
-# was refused during a failover) soon frees the id.
-CLAIM_TTL = 5
-SETTLE_WAIT = 1.5  # seconds a publish waits for another one's claim of its id to finish
-SETTLE_POLL = 0.02
 Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
 
 
@@ -111,19 +98,8 @@ async def _publish(
     seen: dict[str, int | None] = {}
     ids = [spec.prop("message_id") if window > 0 else None for spec in messages]
     wanted = sorted({i for i in ids if i})
-    if wanted:  # each id claimed (SET NX): a concurrent publish of it on any node waits its turn
-        found = await asyncio.gather(
-            *(_claim(engine, feed, i, window) for i in wanted), return_exceptions=True
-        )
-        failed: BaseException | None = None
-        for one, got in zip(wanted, found, strict=True):
-            if isinstance(got, BaseException):
-                failed = failed or got
-            else:
-                seen[one] = got
-        if failed is not None:  # the claims made are taken back: nothing was published
-            await _release(engine, feed, [one for one, got in seen.items() if got is None])
-            raise failed
+    if wanted:  # a concurrent publish of one on any node waits its turn
+        seen = await claims.claim_all(engine, feed, wanted, window)
     claimed = [i for i in wanted if seen.get(i) is None]
     counts: list[int] = [0] * len(messages)
     routed: list[int] = []  # indexes of messages routed (not duplicates)
@@ -154,7 +130,7 @@ async def _publish(
     except BaseException as exc:
         if isinstance(exc, _Refused) and engine._mirror is not None:
             mirror.refused(engine, feed, messages, principal if exc.publisher else None)
-        await _release(engine, feed, claimed)  # nothing was kept: the ids are free again
+        await claims.release(engine, feed, claimed)  # nothing was kept: the ids are free
         raise
     for index in routed:
         counts[index] = took[index]
@@ -167,32 +143,8 @@ async def _publish(
     if engine._mirror is not None:
         sizes = [item[2] for item in items]
         mirror.published(engine, feed, messages, counts, principal, sizes, copies, bool(used), now)
-    remember = [(ids[i], counts[i]) for i in routed if ids[i]]
-    if remember:
-        remembered = await asyncio.gather(
-            *(
-                engine.link.call(
-                    _dedup_tag(engine, feed, mid),
-                    "SET",
-                    engine.keys.dedup(feed.key, mid),
-                    count,
-                    "XX",
-                    "EX",
-                    max(1, int(window)),
-                    write=True,
-                )
-                for mid, count in remember
-                if mid
-            ),
-            return_exceptions=True,
-        )
-        for outcome in remembered:
-            if isinstance(outcome, ServiceUnavailable):
-                # The messages are placed (and committed): their answer stands. The id's
-                # claim stays unfinished until CLAIM_TTL, so a repeat meanwhile is 503.
-                log.warning("a published message id was not remembered: %s", outcome.reason)
-            elif isinstance(outcome, BaseException):
-                raise outcome
+    done = [(mid, counts[i]) for i in routed if (mid := ids[i])]
+    await claims.remember(engine, feed, done, window)
     if used:
         await engine._change(
             lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
@@ -202,38 +154,6 @@ async def _publish(
     return PublishResult(
         counts=tuple(counts), placed=tuple(placements), queued=queued, committed=committed
     )
-
-
-def _dedup_tag(engine: RedisEngine, feed: FeedRec, mid: str) -> str:
-    return engine.keys.dedup(feed.key, mid)
-
-
-async def _claim(engine: RedisEngine, feed: FeedRec, mid: str, window: float) -> int | None:
-    """Claim a message id for this publish: None when it is ours; else the count of
-    the publish that routed it. While that one is still under way this one waits for
-    it (SETTLE_WAIT at most, then 503): it may yet fail, and its message not be kept."""
-    key = engine.keys.dedup(feed.key, mid)
-    ttl = max(1, int(min(window, CLAIM_TTL)))
-    deadline = time.monotonic() + SETTLE_WAIT
-    while True:
-        if await engine.link.call(key, "SET", key, IN_FLIGHT, "NX", "EX", ttl, write=True):
-            return None
-        old = await engine.link.call(key, "GET", key)
-        if old is not None and int(old) != IN_FLIGHT:
-            return int(old)
-        if time.monotonic() >= deadline:
-            raise ServiceUnavailable(
-                "a publish of the same message_id is under way; retry", retry_after=1
-            )
-        if old is not None:  # still under way (gone: that publish failed, claim it again)
-            await asyncio.sleep(SETTLE_POLL)
-
-
-async def _release(engine: RedisEngine, feed: FeedRec, mids: list[str]) -> None:
-    for mid in mids:
-        key = engine.keys.dedup(feed.key, mid)
-        with contextlib.suppress(ServiceUnavailable):
-            await engine.link.call(key, "DEL", key, write=True)
 
 
 async def _contents(
