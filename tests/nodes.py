@@ -50,6 +50,19 @@ async def forget(name: str) -> None:
         await cluster.aclose()
 
 
+async def owner_pid(namespace: str, name: str, kind: str = "hook") -> int:
+    """The process id of the node holding the lock of a webhook pipe (or a bridge: kind
+    "bridge"); the lock's value names the node (host, process id, a random part), then
+    the token."""
+    cluster = RedisCluster.from_url(CLUSTER_URL, driver_info=DRIVER)
+    try:
+        held = await cluster.get(f"{{{namespace}:own}}:{kind}:{name}")
+    finally:
+        await cluster.aclose()
+    assert held is not None, "nobody holds the pipe"
+    return int(held.decode().split(" ")[0].split(":")[1])
+
+
 Closer = Callable[[], Awaitable[None]]
 Serve = Callable[[Any], Awaitable[tuple[web.Application, Any, str]]]
 

@@ -20,7 +20,6 @@ from pathlib import Path
 import aiohttp
 import orjson
 import pytest
-from redis.asyncio.cluster import RedisCluster
 
 from tests import nodes
 from tests.app.test_node_kill import JSON, three_nodes
@@ -44,19 +43,6 @@ async def until(check: Callable[[], object], what: str, timeout: float) -> None:
         await asyncio.sleep(0.02)
 
 
-async def owner_pid(namespace: str, name: str, kind: str = "hook") -> int:
-    """The process id of the node holding the lock of a webhook pipe (or a bridge: kind
-    "bridge"); the lock's value names the node (host, process id, a random part), then
-    the token."""
-    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
-    try:
-        held = await cluster.get(f"{{{namespace}:own}}:{kind}:{name}")
-    finally:
-        await cluster.aclose()
-    assert held is not None, "nobody holds the pipe"
-    return int(held.decode().split(" ")[0].split(":")[1])
-
-
 async def test_a_killed_owner_hands_its_webhook_pipe_to_another_node(tmp_path: Path) -> None:
     receiver = await Receiver().start()
     try:
@@ -73,7 +59,7 @@ async def test_a_killed_owner_hands_its_webhook_pipe_to_another_node(tmp_path: P
                 pipe = orjson.loads(await r.read())["restms"]["pipe"][0]["name"]
             await until(lambda: receiver.verifications, "the verification", 10)
             pids = [proc.pid for proc in running.procs]
-            owner = pids.index(await owner_pid(running.namespace, pipe))
+            owner = pids.index(await nodes.owner_pid(running.namespace, pipe))
             alive = [url for i, url in enumerate(urls) if i != owner]
 
             async def publish(i: int, through: list[str]) -> None:
@@ -97,7 +83,7 @@ async def test_a_killed_owner_hands_its_webhook_pipe_to_another_node(tmp_path: P
                 await until(lambda: set(receiver.ids()) == set(everything), "all", DEADLINE)
                 resumed = time.monotonic() - killed
             assert await running.procs[owner].wait() == -signal.SIGKILL
-            now_owner = pids.index(await owner_pid(running.namespace, pipe))
+            now_owner = pids.index(await nodes.owner_pid(running.namespace, pipe))
             assert now_owner != owner
             ids = receiver.ids()
             firsts = list(dict.fromkeys(ids))  # each message's first delivery, in order

@@ -21,8 +21,8 @@ import aiohttp
 import orjson
 import pytest
 
+from tests import nodes
 from tests.app.test_node_kill import JSON, three_nodes
-from tests.app.test_webhook_owner import owner_pid
 from tests.integration.broker import Broker
 from tests.integration.gw import AMQP
 
@@ -84,7 +84,7 @@ async def test_a_killed_owner_hands_its_bridge_to_another_node(
 
         async with asyncio.timeout(DEADLINE):
             pids = [proc.pid for proc in running.procs]
-            owner = pids.index(await owner_pid(running.namespace, "out", kind="bridge"))
+            owner = pids.index(await nodes.owner_pid(running.namespace, "out", kind="bridge"))
             alive = [url for i, url in enumerate(urls) if i != owner]
             for i in range(BEFORE):
                 await publish(i, urls)
@@ -98,7 +98,7 @@ async def test_a_killed_owner_hands_its_bridge_to_another_node(
             await receive(BEFORE + AFTER, 30)
             await receive(len(got) + 1, 0.5)  # and nothing more
         assert await running.procs[owner].wait() == -signal.SIGKILL
-        now_owner = pids.index(await owner_pid(running.namespace, "out", kind="bridge"))
+        now_owner = pids.index(await nodes.owner_pid(running.namespace, "out", kind="bridge"))
         assert now_owner != owner
         # a message the dead node had in flight may come again (at least once): only those
         later = Counter(m for m in got[BEFORE:] if int(m[1:]) >= BEFORE)
