@@ -90,6 +90,7 @@ Nothing else escapes an engine: store and network failures become
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
@@ -163,10 +164,25 @@ __all__ = [
     "WebhookAttempts",
     "WebhookProgress",
     "WebhookState",
+    "check_setting",
 ]
 
 # What an evented GET may wait on (H9-H11): a resource with a version of its own.
 Watched = TypeVar("Watched", DomainInfo, FeedInfo, PipeInfo, JoinInfo)
+
+# Settings (EngineService.setting): names the gateway's parts choose ("gateway-id",
+# "federation/<link>/pipe"), values small enough to read on every start.
+SETTING_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
+SETTING_MAX = 4096  # characters of a setting's value
+
+
+def check_setting(name: str, value: str | None = None) -> None:
+    """ValueError unless ``name`` is 1-200 of ``A-Za-z0-9._:/-`` and ``value`` (when
+    given) a string of at most :data:`SETTING_MAX` characters."""
+    if not isinstance(name, str) or SETTING_NAME.fullmatch(name) is None:
+        raise ValueError(f"a setting's name is 1-200 of A-Za-z0-9._:/-, not {name!r:.80}")
+    if value is not None and (not isinstance(value, str) or len(value) > SETTING_MAX):
+        raise ValueError(f"a setting's value is a string of at most {SETTING_MAX} characters")
 
 
 class MirrorSink(Protocol):
@@ -496,6 +512,19 @@ class EngineService(Protocol):
     def solo(self, name: str) -> Solo:
         """A claim on running ``name`` (``bridge:<name>``) on this node alone among the
         nodes that share the engine; call its :meth:`Solo.take` first."""
+        ...
+
+    # settings: a few durable values of the gateway's own, shared by every node
+    async def setting(self, name: str) -> str | None:
+        """The value kept under ``name`` (:func:`check_setting`), None when there is none."""
+        ...
+
+    async def keep_setting(self, name: str, value: str, *, only_new: bool = False) -> str:
+        """Keep ``value`` under ``name`` and return it, once committed (503 when it cannot
+        be). With ``only_new`` it is kept only when ``name`` holds nothing, and what
+        ``name`` holds is returned: the first writer wins, so every node of a cluster
+        that offers a value of its own (a gateway id made at random) agrees on one.
+        ValueError for a name or value :func:`check_setting` refuses."""
         ...
 
     # statistics

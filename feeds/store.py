@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 FILE_NAME = "gateway.sqlite3"
 SCHEMA_VERSION = 4
 _WEBHOOKS = "CREATE TABLE IF NOT EXISTS webhooks (pipe TEXT PRIMARY KEY, state BLOB NOT NULL)"
+# The gateway's own values (EngineService.setting). Made by _SCHEMA in a store of any
+# version: a gateway that knows nothing of it reads the store as before.
+_SETTINGS = "CREATE TABLE IF NOT EXISTS settings (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
 # How to bring an older store up to SCHEMA_VERSION, one version at a time.
 _MIGRATIONS: dict[int, str] = {
     1: "ALTER TABLE pipes ADD COLUMN options TEXT NOT NULL DEFAULT '{}'",
@@ -78,6 +81,8 @@ CREATE TABLE IF NOT EXISTS queued (
 """
     + _WEBHOOKS
     + ";\n"
+    + _SETTINGS
+    + ";\n"
 )
 
 # Journal records: a tag, then plain values captured when the change happened.
@@ -98,6 +103,7 @@ _SQL: dict[str, str] = {
     "queue+": "INSERT OR REPLACE INTO queued VALUES (?, ?, ?)",
     "queue-": "DELETE FROM queued WHERE feed = ? AND qid = ?",
     "hook": "INSERT OR REPLACE INTO webhooks VALUES (?, ?)",
+    "setting": "INSERT OR REPLACE INTO settings VALUES (?, ?)",
 }
 # Deleting a feed or a pipe takes what hangs off it with it.
 _CASCADE: dict[str, tuple[str, ...]] = {
@@ -130,6 +136,7 @@ class Snapshot:
     # The same for feeds' queues: (feed, first queue id, last + 1, count, estimated bytes).
     queue_spills: list[tuple[str, int, int, int, int]] = field(default_factory=list)
     webhooks: list[tuple[Any, ...]] = field(default_factory=list)  # (pipe, state record)
+    settings: list[tuple[str, str]] = field(default_factory=list)  # (name, value)
     epoch: int = 1  # this run's number (non-persistent rows of earlier runs are stale)
 
 
@@ -287,6 +294,7 @@ class Store:
         ).fetchall()
         snap.joins = db.execute("SELECT * FROM joins").fetchall()
         snap.webhooks = db.execute("SELECT pipe, state FROM webhooks").fetchall()
+        snap.settings = db.execute("SELECT name, value FROM settings").fetchall()
         # Pipes' messages first, then feeds' queues, each oldest first, within the budget.
         left = _read_head(db, _MESSAGES, snap.messages, snap.spills, budget, budget, overhead)
         _read_head(db, _QUEUED, snap.queued, snap.queue_spills, budget, left, overhead)

@@ -20,7 +20,8 @@ each a module of this package about one thing: :mod:`.resources` (changes to fee
 pipes, joins, staged contents), :mod:`.watching` (evented waits), :mod:`.reading`
 (contents, dead letters), :mod:`.cursor` (cursors and the open ones of each pipe),
 :mod:`.room` (waiting for room), :mod:`.admin` (figures, readiness, pipe states,
-purge) and :mod:`.webhooks` (the webhook workers' calls).
+purge), :mod:`.webhooks` (the webhook workers' calls) and :mod:`.settings` (the
+gateway's own values).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ from .cursor import Cursors, EmbeddedCursor
 from .reading import Reading
 from .resources import Resources
 from .room import wait_for_room
+from .settings import Settings
 from .values import feed_info, join_info, message, pipe_info, staged_info
 from .watching import Watching
 from .webhooks import Webhooks
@@ -116,6 +118,7 @@ class EmbeddedEngine:
         self._reading = Reading(self)
         self._admin = Admin(self)
         self._webhooks = Webhooks(engine, store)
+        self._settings = Settings(store)
 
     @classmethod
     def open(
@@ -148,6 +151,7 @@ class EmbeddedEngine:
             self._pager = paging.QueuePager(engine, store)
             engine.on_queue_page = self._pager.want
             engine.restore(snapshot)
+            self._settings.restore(snapshot.settings)
             log.info(
                 "store %s: %d feeds, %d pipes, %d messages restored",
                 store.path,
@@ -540,6 +544,13 @@ class EmbeddedEngine:
 
     def solo(self, name: str) -> Solo:
         return Alone()
+
+    # ------------------------------------------------------------ settings
+    async def setting(self, name: str) -> str | None:
+        return await self._settings.setting(name)
+
+    async def keep_setting(self, name: str, value: str, *, only_new: bool = False) -> str:
+        return await self._settings.keep(name, value, only_new)
 
     # ------------------------------------------------------------ statistics and admin
     async def stats(self) -> Stats:

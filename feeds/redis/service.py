@@ -83,6 +83,7 @@ from ..service import (
     WebhookAttempts,
 )
 from . import admin, mirror, publishing, reading, resources, upkeep, webhooks
+from . import settings as kept  # (not the pipes' Settings)
 from .catalogue import (
     Cache,
     FeedRec,
@@ -785,6 +786,13 @@ class RedisEngine:
 
     async def inventory(self) -> Inventory:
         return await admin.inventory(self)
+
+    # ------------------------------------------------------------ settings
+    async def setting(self, name: str) -> str | None:
+        return await kept.setting(self, name)
+
+    async def keep_setting(self, name: str, value: str, *, only_new: bool = False) -> str:
+        return await kept.keep(self, name, value, only_new)
 
     # ------------------------------------------------------------ webhooks
     def solo(self, name: str) -> Solo:

@@ -1,0 +1,129 @@
+"""The engine's settings (``EngineService.setting``, ``keep_setting``): a few durable
+values of the gateway's own, such as the gateway id every node of a cluster agrees on
+(docs/FEDERATION.md), kept across a restart and refused when their commit fails."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+from blockbuster import BlockBuster
+
+from feeds.config import EngineConfig
+from feeds.redis import RedisEngine
+from feeds.service import EngineService
+from restms.errors import ServiceUnavailable
+
+from .conftest import MakeEngine, forget_namespace, refuse_commits
+
+
+async def test_a_setting_comes_back_as_kept(engine: EngineService) -> None:
+    assert await engine.setting("gateway-id") is None
+    assert await engine.keep_setting("gateway-id", "site-a") == "site-a"
+    assert await engine.setting("gateway-id") == "site-a"
+    assert await engine.keep_setting("gateway-id", "site-b") == "site-b"  # replaced
+    assert await engine.setting("gateway-id") == "site-b"
+    assert await engine.setting("federation/out/pipe") is None  # names are apart
+    url = "http://127.0.0.1:8080/restms/resource/" + "x" * 4000
+    assert await engine.keep_setting("federation/out.1:a_b-c/pipe", url) == url
+    assert await engine.setting("federation/out.1:a_b-c/pipe") == url
+    assert await engine.keep_setting("empty", "") == ""  # held, though empty
+    assert await engine.setting("empty") == ""
+    assert await engine.keep_setting("empty", "later", only_new=True) == ""
+
+
+async def test_only_new_keeps_the_first_value_and_answers_it(engine: EngineService) -> None:
+    assert await engine.keep_setting("gateway-id", "first", only_new=True) == "first"
+    assert await engine.keep_setting("gateway-id", "second", only_new=True) == "first"
+    assert await engine.setting("gateway-id") == "first"
+    # Many at once (as the nodes of a cluster start together): one value wins for all.
+    offers = [f"offer-{n}" for n in range(20)]
+    answers = await asyncio.gather(
+        *(engine.keep_setting("node-id", offer, only_new=True) for offer in offers)
+    )
+    assert len(set(answers)) == 1
+    assert answers[0] in offers
+    assert await engine.setting("node-id") == answers[0]
+
+
+async def test_settings_survive_a_restart(restart: MakeEngine) -> None:
+    """Embedded: the store, reopened on the same directory. Redis: another engine on
+    the same namespace, as another node (or the same one started again) is."""
+    engine = await restart()
+    await engine.keep_setting("gateway-id", "site-a", only_new=True)
+    await engine.keep_setting("federation/in/pipe", "http://127.0.0.1:1/restms/resource/p")
+    engine = await restart(crash=True)  # committed when it returned: no clean close needed
+    assert await engine.setting("gateway-id") == "site-a"
+    assert await engine.keep_setting("gateway-id", "site-b", only_new=True) == "site-a"
+    assert await engine.setting("federation/in/pipe") == "http://127.0.0.1:1/restms/resource/p"
+    await engine.keep_setting("federation/in/pipe", "http://127.0.0.1:2/restms/resource/q")
+    engine = await restart()
+    assert await engine.setting("federation/in/pipe") == "http://127.0.0.1:2/restms/resource/q"
+
+
+async def test_a_setting_whose_commit_fails_is_refused_and_not_kept(restart: MakeEngine) -> None:
+    engine = await restart()
+    await engine.keep_setting("kept", "before")
+    async with refuse_commits(engine):
+        with pytest.raises(ServiceUnavailable) as refused:
+            await engine.keep_setting("kept", "after")
+        assert refused.value.retry_after > 0
+        with pytest.raises(ServiceUnavailable):
+            await engine.keep_setting("gateway-id", "lost", only_new=True)
+    assert await engine.setting("kept") == "before"
+    assert await engine.setting("gateway-id") is None
+    assert await engine.keep_setting("gateway-id", "retried", only_new=True) == "retried"
+    engine = await restart()
+    assert await engine.setting("kept") == "before"
+    assert await engine.setting("gateway-id") == "retried"
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "x" * 201, "gateway id", "a\nb", "é", "a*b", "a\x00b", "日本"],
+    ids=["empty", "201-chars", "space", "newline", "accent", "star", "nul", "cjk"],
+)
+async def test_a_bad_name_is_refused(engine: EngineService, name: str) -> None:
+    with pytest.raises(ValueError, match="name"):
+        await engine.keep_setting(name, "value")
+    with pytest.raises(ValueError, match="name"):
+        await engine.setting(name)
+
+
+async def test_a_name_of_200_characters_and_a_value_of_4096_are_taken(
+    engine: EngineService,
+) -> None:
+    name, value = "n" * 200, "v" * 4096
+    assert await engine.keep_setting(name, value) == value
+    assert await engine.setting(name) == value
+    with pytest.raises(ValueError, match="value"):
+        await engine.keep_setting(name, "v" * 4097)
+    with pytest.raises(ValueError, match="value"):
+        await engine.keep_setting("other", "v" * 4097, only_new=True)
+    assert await engine.setting(name) == value  # the refused value changed nothing
+    assert await engine.setting("other") is None
+
+
+async def test_two_nodes_offering_at_once_agree_on_one_value(blockbuster: BlockBuster) -> None:
+    """Redis only (the embedded engine is one process per data directory): two gateway
+    nodes on one namespace, each offering its own gateway id at the same moment."""
+    namespace = f"restms-test-{secrets.token_hex(6)}"
+    nodes = [RedisEngine.open(EngineConfig(), namespace=namespace) for _ in range(2)]
+    try:
+        for node in nodes:
+            await node.start()
+        for attempt in range(5):
+            name = f"gateway-id-{attempt}"
+            answers = await asyncio.gather(
+                *(
+                    node.keep_setting(name, f"node-{n}", only_new=True)
+                    for n, node in enumerate(nodes)
+                )
+            )
+            assert answers[0] == answers[1]
+            assert [await node.setting(name) for node in nodes] == answers
+    finally:
+        for node in nodes:
+            await node.close()
+        await forget_namespace(namespace)
