@@ -231,7 +231,8 @@ class Remote:
     async def pipe_joins(
         self, pipe_url: str
     ) -> list[tuple[str, str, tuple[tuple[str, str], ...]]] | None:
-        """(feed URL, address, headers) of each join; None when the pipe is gone (404)."""
+        """(feed URL, address, headers) of each join; None when the pipe is gone (404).
+        The pipe's own join to the remote's ``default`` feed is listed too."""
         where = f"GET {redact(pipe_url)}"
         reply = await self._call("GET", pipe_url)
         if reply.status == 404:
@@ -256,11 +257,13 @@ class Remote:
         self, pipe_url: str, position: int, limit: int, wait: float
     ) -> list[tuple[int, MessageSpec]]:
         """Messages at ``position`` and after (up to ``limit``), waiting up to ``wait`` s
-        when none; [] after the wait.
+        when none; [] after the wait (or the remote's ``max_wait``, when shorter).
 
         The first position returned is later than ``position`` when the messages
         between are gone (a gap the caller may report), or the pipe's next position
         when ``position`` is past every position the remote has issued."""
+        if limit < 1:
+            raise ValueError("a read needs a limit of at least 1")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         first: MessageSpec | None = None
@@ -300,7 +303,8 @@ class Remote:
         return out
 
     async def ack(self, pipe_url: str, position: int) -> None:
-        """DELETE pipe.position: the message and every older one go (D4)."""
+        """DELETE pipe.position: the message and every older one go (D4). A DELETE is
+        answered 200 even when the pipe is gone (R4): the next read tells."""
         url = f"{pipe_url}.{position}"
         _check(await self._call("DELETE", url), f"DELETE {redact(url)}")
 
@@ -523,7 +527,9 @@ class Remote:
         except aiohttp.ConnectionTimeoutError as exc:
             raise Unavailable(f"{where}: no connection within {self._timeout:g} s") from exc
         except TimeoutError as exc:
-            if wait is not None and not answered:
+            if answered:
+                raise Unavailable(f"{where}: the reply did not come whole in time") from exc
+            if wait is not None:
                 return None
             raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL

@@ -13,6 +13,7 @@ import contextlib
 import json
 import signal
 import socket
+import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -23,6 +24,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import trustme
 from aiohttp import web
 from blockbuster import BlockBuster
 
@@ -200,6 +202,11 @@ async def test_publish_read_ack_round_trip(tmp_path: Path, blockbuster: BlockBus
         feed = gw.feed()
         pipe = await client.create_pipe(feed, "federation in")
         assert pipe.startswith(f"{gw.url}/restms/resource/")
+        token = await gw.token()
+        bearer = {"Authorization": f"Bearer {token}"}
+        async with gw.http.get(pipe, headers={**HJ, **bearer}) as r:
+            made = (await r.json(content_type=None))["restms"]["pipe"][0]
+        assert (made["title"], made["durable"], made["lease"]) == ("federation in", "1", "0")
         join = await client.create_join(pipe, feed, "", ())
         assert await client.create_join(pipe, feed, "", ()) == join  # the same join
         joins = await client.pipe_joins(pipe)
@@ -215,8 +222,6 @@ async def test_publish_read_ack_round_trip(tmp_path: Path, blockbuster: BlockBus
         assert [p for p, _ in await client.read(pipe, 2, 1, 5.0)] == [2]  # limit
 
         # A content staged on the feed and linked from a message is fetched and embedded.
-        token = await gw.token()
-        bearer = {"Authorization": f"Bearer {token}"}
         staged_headers = {**bearer, "Content-Type": "image/png"}
         async with gw.http.post(feed, data=BINARY, headers=staged_headers) as r:
             assert r.status == 201, await r.text()
@@ -479,6 +484,54 @@ async def fake() -> AsyncIterator[Fake]:
         yield server
     finally:
         await runner.cleanup()
+
+
+@dataclass(frozen=True)
+class Pki:
+    ca: Path  # the test CA's certificate (PEM)
+    server: ssl.SSLContext  # the server's context, with a certificate for 127.0.0.1
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    authority = trustme.CA()
+    leaf = authority.issue_cert("127.0.0.1")
+    ca = tmp_path / "ca.pem"
+    authority.cert_pem.write_to_path(ca)
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    leaf.configure_cert(server)
+    return Pki(ca=ca, server=server)
+
+
+@pytest.fixture
+async def tls_fake(pki: Pki) -> AsyncIterator[Fake]:
+    server = Fake(answer=fixed(200, counts(1)))
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", server.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server).start()
+    server.url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        yield server
+    finally:
+        await runner.cleanup()
+
+
+async def test_tls(tls_fake: Fake, pki: Pki, tmp_path: Path, blockbuster: BlockBuster) -> None:
+    feed = f"{tls_fake.url}/restms/feed/x"
+    async with remote(Auth(), tls_ca=str(pki.ca)) as client:
+        assert await client.publish(feed, [MessageSpec()]) == [False]
+    async with remote(Auth(), tls_verify=False) as client:
+        assert await client.publish(feed, [MessageSpec()]) == [False]
+    async with remote(Auth()) as client:  # the system's CAs do not know the test CA
+        with pytest.raises(Unavailable) as failed:
+            await client.publish(feed, [MessageSpec()])
+        assert "certificate verify failed" in str(failed.value)
+    async with remote(Auth(), tls_ca=str(tmp_path / "missing.pem")) as client:
+        with pytest.raises(Unavailable) as failed:
+            await client.publish(feed, [MessageSpec()])
+        assert "cannot load tls_ca" in str(failed.value)
 
 
 def fixed(status: int, body: str | bytes = "", **headers: str) -> Handler:
