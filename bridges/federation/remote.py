@@ -148,7 +148,6 @@ class _Listing:
 
     held: tuple[int, ...]  # positions of the messages listed, oldest first
     asynclet: int | None  # None when the listing is capped (docs/PROTOCOL.md §6)
-    earliest: int | None  # RestMS-Earliest-Position
 
 
 class Remote:
@@ -393,7 +392,7 @@ class Remote:
                 asynclet = found
             else:
                 held.append(found)
-        return _Listing(tuple(sorted(held)), asynclet, _position(reply.headers.get(EARLIEST)))
+        return _Listing(tuple(sorted(held)), asynclet)
 
     async def _create(self, url: str, element: Element, *, pipe_url: str | None) -> str:
         """POST a document of one element; the Location of what it made (or found)."""
