@@ -29,8 +29,12 @@ theirs (``build_app``, ``make_runner``, ``start_site``), under blockbuster: the
 generated requests come from this thread with ``requests`` (schemathesis' transport),
 and a blocking call on the gateway's loop fails the test. Analytics are off
 (``analytics = false``: no Spark worker; ``/analytics/{query}`` is then a documented
-503). Generated URLs (webhook callbacks, bridge brokers) are pointed at 127.0.0.1 before
-they are sent, so nothing leaves this machine.
+503). Generated URLs (webhook callbacks, bridge brokers, federation remotes and token
+endpoints) are pointed at 127.0.0.1 before they are sent, so nothing leaves this
+machine: every authority (after ``//``, up to the first ``/ ? #``) becomes
+``127.0.0.1:9``, once the tabs and line breaks URL parsers drop are gone (``http:\t//``
+is ``http://`` to them), and a request in which urllib still finds another host is not
+sent (the test fails).
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,7 +103,11 @@ SERVER_ERRORS_ALLOWED = {
 }
 JSON = "application/restms+json"
 RESOURCE = re.compile(r"/restms/resource/([^/?#\s\"]+)")
-URL = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*:)?//[^/?#\s]*")
+# An authority: after two slashes (or backslashes, which WHATWG parsers read as slashes),
+# up to the first / ? or #, whitespace included, so nothing glued to it survives.
+AUTHORITY = re.compile(r"[/\\]{2}[^/?#]*")
+DROPPED = re.compile(r"[\t\r\n]")  # what urllib, yarl and WHATWG parsers remove first
+LOOPBACK = "127.0.0.1"
 
 
 @contextlib.contextmanager
@@ -177,14 +186,34 @@ def make_resources(url: str, auth: dict[str, str], n: int, path: str) -> dict[st
 
 
 def local(value: Any) -> Any:
-    """The value with every URL's authority turned into 127.0.0.1:9 (nothing listens)."""
+    """The value with every URL's authority turned into 127.0.0.1:9 (nothing listens);
+    strings with no authority are left as they are."""
     if isinstance(value, str):
-        return URL.sub(lambda m: f"{m.group(1) or ''}//127.0.0.1:9", value)
+        bare = DROPPED.sub("", value)
+        if not AUTHORITY.search(bare):
+            return value
+        return AUTHORITY.sub(f"//{LOOPBACK}:9", bare)
     if isinstance(value, dict):
         return {k: local(v) for k, v in value.items()}
     if isinstance(value, list):
         return [local(v) for v in value]
     return value
+
+
+def foreign_hosts(value: Any) -> list[str]:
+    """The hosts other than 127.0.0.1 that urllib (what the gateway checks URLs with)
+    finds in the strings of ``value``: none once :func:`local` has passed over it."""
+    if isinstance(value, str):
+        try:
+            host = urllib.parse.urlsplit(value).hostname
+        except ValueError:  # not a URL, to the gateway either
+            return []
+        return [host] if host not in (None, LOOPBACK) else []
+    if isinstance(value, dict):
+        return [h for v in value.values() for h in foreign_hosts(v)]
+    if isinstance(value, list):
+        return [h for v in value for h in foreign_hosts(v)]
+    return []
 
 
 def test_every_operation_answers_as_described(tmp_path: Path) -> None:
@@ -237,6 +266,8 @@ def test_every_operation_answers_as_described(tmp_path: Path) -> None:
             def exercise(case: Any, caller: str) -> None:
                 case.body = local(case.body)
                 case.query = local(case.query)
+                escaped = foreign_hosts(case.body) + foreign_hosts(case.query)
+                assert not escaped, f"generated URLs not made local: {escaped}"
                 response = case.call(
                     base_url=url,
                     session=session,

@@ -11,7 +11,8 @@ from openapi_spec_validator import validate
 
 from auth.issuer import TOKEN_PATH
 from auth.scopes import ACTIONS, PREFIX
-from gateway.auth.authn import PUBLIC
+from gateway.admin.bridging import IDENTITY_PATH
+from gateway.auth.authn import PUBLIC, UNCHECKED_UNDER
 from gateway.auth.oauth import PUBLIC_PATHS
 from gateway.restms.resources import METHODS
 from gateway.server.app import build_app
@@ -136,11 +137,12 @@ def test_every_restms_operation_documents_authentication_and_rate_limits() -> No
 
 
 def test_only_public_routes_waive_credentials() -> None:
+    """The routes the middleware does not authenticate: PUBLIC, and every path under
+    UNCHECKED_UNDER (the built-in issuer's endpoints, the gateway's id)."""
     spec = _spec()
-    public = PUBLIC | PUBLIC_PATHS
-    assert public <= set(spec["paths"])
+    assert PUBLIC | PUBLIC_PATHS | {IDENTITY_PATH} <= set(spec["paths"])
     for path, verb, operation in _operations(spec):
-        if path in public:
+        if path in PUBLIC or path.startswith(UNCHECKED_UNDER):
             assert operation.get("security") == [], (path, verb)
         else:
             assert "security" not in operation, (path, verb)  # the top-level one applies
