@@ -154,7 +154,9 @@ class Leasing:
             self.state.counters.dead_discarded += 1
             log.warning("a dead letter had nowhere to go and was discarded")
             return False
-        self.publishing.route(target, spec, message.parts, now, message.durable, size)
+        # The copy keeps the message's origin stamp: it is the same message, gone elsewhere.
+        parts, durable = message.parts, message.durable
+        self.publishing.route(target, spec, parts, now, durable, size, stamp=message.stamp)
         self.state.counters.dead_lettered += 1
         return True
 

@@ -123,9 +123,9 @@ Part = EmbeddedContent | Blob  # one content of a delivered message
 # contents) share one tuple, and deleting a content gives that message a new one.
 Parts = tuple[Part | None, ...]
 # A message waiting in a rotator or service feed: its queue id when it is in the store,
-# how many of its leases ran out before it came back to the queue, and its size
-# (:func:`message_size`).
-Queued = tuple[MessageSpec, Parts, int | None, int, int]
+# how many of its leases ran out before it came back to the queue, its size
+# (:func:`message_size`) and its origin stamp.
+Queued = tuple[MessageSpec, Parts, int | None, int, int, str]
 
 
 class StagedContent(Watchable):
@@ -157,6 +157,7 @@ class Message:
         "size",
         "source",
         "spec",
+        "stamp",
     )
 
     def __init__(
@@ -167,6 +168,7 @@ class Message:
         feed_name: str | None,
         source: Feed | None,
         arrived: float,
+        stamp: str,
         size: int = 0,
         durable: bool = False,
         redeliveries: int = 0,
@@ -177,6 +179,9 @@ class Message:
         self.feed_name = feed_name  # D8: kept for older clients
         self.source = source  # the queueing feed it came from, to requeue (Q1)
         self.arrived = arrived
+        # Its origin stamp (feeds.values.Message.stamp): given when it was published, the
+        # same in each pipe's copy, kept through redelivery, the store and dead letters.
+        self.stamp = stamp
         self.expires: float | None = None  # monotonic deadline from ``expiration`` (Q30)
         self.durable = durable  # held in the store too (persistent delivery mode)
         self.size = size  # message_size: what pipe byte limits and the memory budget count

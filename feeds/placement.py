@@ -32,6 +32,7 @@ class Placement:
         now: float,
         durable: bool,
         size: int,
+        stamp: str,
         redeliveries: int = 0,
         placed: list[Pipe] | None = None,
     ) -> None:
@@ -39,7 +40,9 @@ class Placement:
         mirrored as one record collects (see :class:`feeds.mirroring.Copies`); without
         it, the copy's route event is mirrored as a tuple of its own."""
         source = feed if feed.queueing else None
-        message = Message(0, spec, parts, feed.name, source, now, size, durable, redeliveries)
+        message = Message(
+            0, spec, parts, feed.name, source, now, stamp, size, durable, redeliveries
+        )
         if spec.props:  # (most messages have none: then no lookup of their ``expiration``)
             ttl = spec.prop("expiration")
             if ttl is not None:
@@ -120,6 +123,7 @@ class Placement:
             self._expires_at(message.expires),
             message.redeliveries,
             None if message.durable else state.epoch,
+            stamp=message.stamp,
         )
         state.journal.append(("msg", pipe.key, message.seq, source, data))
 
@@ -143,7 +147,7 @@ class Placement:
         checked the queue's own bounds: ``Publishing.check_queue``). Messages that come
         back to the front stay in memory: they were held until now."""
         state = self.state
-        spec, parts, _, redelivered, size = entry
+        spec, parts, _, redelivered, size, stamp = entry
         qid: int | None = None
         if state.journal is not None:
             budget = state.config.memory_budget
@@ -157,9 +161,9 @@ class Placement:
                 else:
                     feed.qback += 1
                     qid = feed.qback
-                data = record(spec, parts, feed.name, 0.0, None, redelivered)
+                data = record(spec, parts, feed.name, 0.0, None, redelivered, stamp=stamp)
                 state.journal.append(("queue+", feed.key, qid, data))
-        entry = (spec, parts, qid, redelivered, size)
+        entry = (spec, parts, qid, redelivered, size, stamp)
         feed.queue_bytes += size
         state.held += size + OVERHEAD
         if front:
@@ -173,11 +177,11 @@ class Placement:
         non-persistent one carries the run's epoch, as a pipe's does: a restart drops it."""
         state = self.state
         assert state.journal is not None
-        spec, parts, _, redelivered, size = entry
+        spec, parts, _, redelivered, size, stamp = entry
         feed.qback += 1
         qid = feed.qback
         epoch = None if durable else state.epoch
-        data = record(spec, parts, feed.name, 0.0, None, redelivered, epoch)
+        data = record(spec, parts, feed.name, 0.0, None, redelivered, epoch, stamp=stamp)
         state.journal.append(("queue+", feed.key, qid, data))
         if not feed.qspilled:
             feed.qspill_lo = qid
@@ -201,19 +205,26 @@ class Placement:
 
     def requeue(self, feed: Feed, message: Message) -> None:
         """Q1: an unacknowledged message goes back to the front of its feed's queue."""
-        entry = (message.spec, message.parts, None, message.redeliveries, message.size)
+        entry = (
+            message.spec,
+            message.parts,
+            None,
+            message.redeliveries,
+            message.size,
+            message.stamp,
+        )
         self.enqueue(feed, entry, message.durable, front=True)
 
     def hand_out(self, feed: Feed, pipe: Pipe) -> None:
         """Give the pipe the message at the front of the feed's queue."""
         state = self.state
-        spec, parts, qid, redelivered, size = feed.queue.popleft()
+        spec, parts, qid, redelivered, size, stamp = feed.queue.popleft()
         feed.queue_bytes -= size
         state.held -= size + OVERHEAD
         if qid is not None and state.journal is not None:
             state.journal.append(("queue-", feed.key, qid))
         durable = qid is not None or persistent(spec)
-        self.deliver(pipe, spec, parts, feed, state.wall(), durable, size, redelivered)
+        self.deliver(pipe, spec, parts, feed, state.wall(), durable, size, stamp, redelivered)
         if feed.qspilled and not feed.queue:
             self._want_page(feed)
 

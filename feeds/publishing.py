@@ -34,7 +34,7 @@ from .model import Feed, Parts, Pipe, StagedContent, alive
 from .placement import Placement
 from .selection import capacity, eligible, matching
 from .staging import Staging
-from .store import persistent
+from .store import persistent, stamps
 
 
 class Publishing:
@@ -44,6 +44,7 @@ class Publishing:
         self.state = state
         self.placement = placement
         self.staging = staging
+        self.stamps = stamps()  # each published message's origin stamp (route)
 
     def publish(
         self, feed: Feed, messages: Sequence[MessageSpec], owner: str | None = None
@@ -280,20 +281,25 @@ class Publishing:
         redeliveries: int = 0,
         copies: Copies | None = None,
         placed: list[Pipe] | None = None,
+        stamp: str | None = None,
     ) -> int:
         """Route one message; the number of joins that took it. ``copies`` and
         ``placed``: the mirror record of the publish it is part of (:meth:`publish`,
-        :meth:`_publish_alone`); without them each copy's events are tuples."""
+        :meth:`_publish_alone`); without them each copy's events are tuples. Every
+        copy carries ``stamp``, a new origin stamp when None (a message published now;
+        a dead letter keeps its own)."""
+        if stamp is None:
+            stamp = next(self.stamps)
         if feed.queueing:
             # Behind messages that wait on disk, a message waits too: a queue is FIFO.
             join = None if feed.qspilled else eligible(feed)
             if join is None:
-                entry = (spec, parts, None, redeliveries, size)
+                entry = (spec, parts, None, redeliveries, size, stamp)
                 self.placement.enqueue(feed, entry, durable, front=False)
                 self.state.counters.queued += 1
                 return 0
             self.placement.deliver(
-                join.pipe, spec, parts, feed, now, durable, size, redeliveries, placed
+                join.pipe, spec, parts, feed, now, durable, size, stamp, redeliveries, placed
             )
             return 1
         # A fanout feed's joins, as matching() gives them, without its call (the commonest)
@@ -303,7 +309,7 @@ class Publishing:
             if pipe.full(size) and not self._room(feed, spec, pipe, now, size, copies):
                 return 0
             self.placement.deliver(
-                pipe, spec, parts, feed, now, durable, size, redeliveries, placed
+                pipe, spec, parts, feed, now, durable, size, stamp, redeliveries, placed
             )
             return 1
         if not joins:
@@ -328,7 +334,7 @@ class Publishing:
             if took is not None:
                 took.add(pipe)
             self.placement.deliver(
-                pipe, spec, parts, feed, now, durable, size, redeliveries, placed
+                pipe, spec, parts, feed, now, durable, size, stamp, redeliveries, placed
             )
         if copies is not None and count > len(copies.pipes) - before:  # a pipe's joins
             copies.extra.append((before, count - len(copies.pipes) + before))

@@ -18,7 +18,15 @@ from .model import Feed, Message, Pipe, message_size
 from .placement import Placement
 from .publishing import Publishing
 from .resources import Resources
-from .store import Snapshot, decode_parts, epoch_of, loads, message_spec, redeliveries
+from .store import (
+    Snapshot,
+    decode_parts,
+    epoch_of,
+    loads,
+    message_spec,
+    redeliveries,
+    stamp_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +152,8 @@ class Recovery:
         queued, parts = message_spec(fields), decode_parts(fields[6])
         size = message_size(queued, parts)
         stored = qid if epoch is None else None
-        feed.queue.append((queued, parts, stored, redeliveries(fields), size))
+        stamp = stamp_of(fields, f"q:{feed.key}", qid)
+        feed.queue.append((queued, parts, stored, redeliveries(fields), size, stamp))
         feed.queue_bytes += size
         self.state.held += size + OVERHEAD
         return size
@@ -178,7 +187,8 @@ class Recovery:
             return None
         stored, parts = message_spec(fields), decode_parts(fields[6])
         source = self.state.feed_by_key(source_key) if source_key else None
-        message = Message(seq, stored, parts, fields[3], source, fields[4])
+        stamp = stamp_of(fields, pipe.key, seq)
+        message = Message(seq, stored, parts, fields[3], source, fields[4], stamp)
         message.durable = epoch is None
         message.size = message_size(stored, parts)
         message.redeliveries = redeliveries(fields)

@@ -175,6 +175,12 @@ class Message:
     redeliveries: int  # leases that ran out before it was acknowledged
     size: int  # what pipe byte limits count
     version: int  # grows as its contents are deleted
+    # Its origin stamp: given once when it was published, the same in every pipe's copy
+    # of that publish, never the same for two published messages (on any node, in any
+    # run), kept across restarts, redeliveries and dead letters. Opaque, 20-22 URL-safe
+    # characters. Never in a RestMS document: federation names a message that has no
+    # message_id by it, so that one that comes by two paths is known again.
+    stamp: str
 
     @property
     def modified(self) -> float:

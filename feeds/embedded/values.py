@@ -125,6 +125,7 @@ def message(pipe: Pipe, held: Held) -> Message:
         redeliveries=held.redeliveries,
         size=held.size,
         version=held.version,
+        stamp=held.stamp,
     )
 
 
@@ -143,6 +144,7 @@ _FIELDS = (
     "redeliveries",
     "size",
     "version",
+    "stamp",
 )
 _SET = tuple(Message.__dict__[name].__set__ for name in _FIELDS)
 
@@ -150,7 +152,7 @@ _SET = tuple(Message.__dict__[name].__set__ for name in _FIELDS)
 def messages(pipe: Pipe, held: list[Held]) -> list[Message]:
     """:func:`message` of each, for a cursor's batch."""
     key = pipe.key
-    s_pipe, s_pos, s_spec, s_parts, s_feed, s_arrived, s_red, s_size, s_ver = _SET
+    s_pipe, s_pos, s_spec, s_parts, s_feed, s_arrived, s_red, s_size, s_ver, s_stamp = _SET
     made: list[Message] = []
     for one in held:
         value = _NEW(Message)
@@ -163,6 +165,7 @@ def messages(pipe: Pipe, held: list[Held]) -> list[Message]:
         s_red(value, one.redeliveries)
         s_size(value, one.size)
         s_ver(value, one.version)
+        s_stamp(value, one.stamp)
         made.append(value)
     return made
 

@@ -38,7 +38,7 @@ from ..model import Blob as HeldBlob
 from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
-from ..store import decode_parts, dumps, loads, message_spec, persistent
+from ..store import decode_parts, dumps, loads, message_spec, persistent, stamp_in
 from . import claims, mirror
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
@@ -185,7 +185,7 @@ async def _contents(
                 used.append(key)
             else:
                 parts.append(content)
-        record, size = encode_message(spec, tuple(parts), feed.name, now)
+        record, size = encode_message(spec, tuple(parts), feed.name, now, next(engine.stamps))
         items.append((spec, record, size, persistent(spec)))
     return items, used
 
@@ -558,7 +558,8 @@ async def dead_letter(
     )
     copy = MessageSpec(address=spec.address, props=spec.props, headers=headers)
     parts = tuple(p for p in decode_parts(fields[6]) if p is not None)
-    record, size = encode_message(copy, parts, fields[3], fields[4])
+    stamp = stamp_in(fields) or next(engine.stamps)  # the message's own, when it has one
+    record, size = encode_message(copy, parts, fields[3], fields[4], stamp)
     item: Item = (copy, record, size, persistent(copy))
     copies: list[Copy] = []
     try:
@@ -652,7 +653,7 @@ async def announce(
     now: float,
 ) -> None:
     """Route one system event (non-persistent) to the system feed's joins."""
-    record, size = encode_message(spec, parts, feed.name, now)
+    record, size = encode_message(spec, parts, feed.name, now, next(engine.stamps))
     try:
         copies = (await _fanout(engine, feed, [(spec, record, size, False)], [0]))[3]
     except ServiceUnavailable as exc:

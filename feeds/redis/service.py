@@ -82,6 +82,7 @@ from ..service import (
     Webhook,
     WebhookAttempts,
 )
+from ..store import stamps
 from . import admin, mirror, publishing, reading, resources, upkeep, webhooks
 from . import settings as kept  # (not the pipes' Settings)
 from .catalogue import (
@@ -139,6 +140,7 @@ class RedisEngine:
         self.cache = Cache(config)
         self.counters = Counters()
         self.latency = Latency()
+        self.stamps = stamps()  # the origin stamps of the messages this node publishes
         self._sweep_interval = sweep_interval
         self._subscriber = Subscriber(self.link, self._heard, self._lost)
         self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)

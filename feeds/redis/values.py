@@ -22,7 +22,7 @@ from ..service import (
     StagedInfo,
     Webhook,
 )
-from ..store import decode_parts, loads, message_spec, record
+from ..store import decode_parts, loads, message_spec, record, stamp_of
 from ..webhook import Hook
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec
 
@@ -180,15 +180,23 @@ def staged_info(staged: StagedRec, feed_public: bool, domain: str) -> StagedInfo
 
 # ---------------------------------------------------------------- messages
 def encode_message(
-    spec: MessageSpec, parts: tuple[EmbeddedContent | HeldBlob, ...], feed: str | None, now: float
+    spec: MessageSpec,
+    parts: tuple[EmbeddedContent | HeldBlob, ...],
+    feed: str | None,
+    now: float,
+    stamp: str,
 ) -> tuple[bytes, int]:
-    """A message as its stream entry holds it (the store's record format), and its size."""
-    return record(spec, parts, feed, now, None), message_size(spec, parts)
+    """A message as its stream entry holds it (the store's record format), and its size.
+    One record is made for each published message, and each pipe's copy is that record:
+    every copy carries the one origin ``stamp``."""
+    return record(spec, parts, feed, now, None, stamp=stamp), message_size(spec, parts)
 
 
 def decode_message(
     pipe: str, position: int, data: bytes, size: int, redeliveries: int, deleted: bytes
 ) -> Message:
+    """An entry as a reader gets it. An entry written before stamps gets one derived
+    from its pipe and position (:func:`feeds.store.stamp_of`)."""
     fields = loads(data)
     parts: list[Part] = []
     for part in decode_parts(fields[6]):
@@ -210,6 +218,7 @@ def decode_message(
         redeliveries=redeliveries,
         size=size,
         version=1 + sum(part is None for part in parts),
+        stamp=stamp_of(fields, pipe, position),
     )
 
 

@@ -182,7 +182,7 @@ def test_a_feed_queue_weighs_in_the_memory_budget_until_it_hands_its_messages_ou
     clock.now += 1
     e.sweep_leases()  # its lease ran out: the dead-letter feed queues it, more headers
     dead = e.public_feed("dead-letter")
-    [(letter, _, _, _, letter_size)] = dead.queue
+    [(letter, _, _, _, letter_size, _)] = dead.queue
     assert letter_size == letter.head_size + 5 == dead.queue_bytes
     assert letter_size > size
     assert e.held == held + size + OVERHEAD + letter_size + OVERHEAD

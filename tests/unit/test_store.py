@@ -289,6 +289,6 @@ async def test_a_schema_1_store_is_migrated_and_keeps_its_pipes(tmp_path: Path) 
     assert (pipe.title, pipe.next_seq, pipe.overflow) == ("old", 4, "skip")
     await commit_and_close(engine, store)
     with sqlite3.connect(tmp_path / "gateway.sqlite3") as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("4",)
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("5",)
         assert db.execute("SELECT count(*) FROM webhooks").fetchone() == (0,)  # schema 3
         assert db.execute("SELECT acked, lost FROM pipes").fetchone() == (0, 0)  # schema 4
