@@ -59,7 +59,8 @@ from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOptio
 
 from .amqp_map import Unmappable, from_amqp
 from .base import backoff
-from .config import AmqpBridgeConfig, redact
+from .checks import redact
+from .config import AmqpBridgeConfig
 
 log = logging.getLogger(__name__)
 

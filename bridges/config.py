@@ -15,12 +15,11 @@ from typing import Any
 from restms.names import check_address
 
 from .amqp_map import check_address_from, check_target
+from .checks import MAX_DELAY, NAME, redact
 
-NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
 DIRECTIONS = frozenset({"out", "in"})
 SASL = frozenset({"", "PLAIN", "ANONYMOUS"})
 BACKPRESSURE = frozenset({"wait", "skip"})
-MAX_DELAY = 3600.0  # seconds: the longest delay, timeout or heartbeat a bridge may have
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -300,7 +299,7 @@ def check_endpoint(endpoint: str, *, bind: bool, where: str) -> None:
 
 
 BridgeConfig = AmqpBridgeConfig | ZmqBridgeConfig
-_CLASSES: dict[str, type[AmqpBridgeConfig] | type[ZmqBridgeConfig]] = {
+_CLASSES: dict[str, type[BridgeConfig]] = {
     "amqp": AmqpBridgeConfig,
     "zeromq": ZmqBridgeConfig,
 }
@@ -361,17 +360,3 @@ def _value(key: str, kind: str, value: Any) -> Any:
     elif not isinstance(value, str):
         raise ValueError(f"{key} must be a string")
     return value
-
-
-def redact(url: str) -> str:
-    """The URL without its password (for logs, status and errors), even when the URL
-    is malformed."""
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        return url
-    authority, slash, path = rest.partition("/")
-    userinfo, at, host = authority.rpartition("@")
-    if not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}{slash}{path}"

@@ -1,4 +1,4 @@
-"""The federation links' remote client (bridges/federation/remote.py) against a real
+"""The federation links' remote client (gateway/federation/client.py) against a real
 gateway process on 127.0.0.1 (``main.py serve``, a client made with ``main.py client
 add``), and, for the answers a healthy gateway does not give on demand (503 with
 Retry-After, a reply too large, a token about to expire), against a small aiohttp
@@ -28,14 +28,9 @@ import trustme
 from aiohttp import web
 from blockbuster import BlockBuster
 
-from bridges.federation.remote import (
-    MAX_REASON,
-    Auth,
-    PipeGone,
-    Refused,
-    Remote,
-    Unavailable,
-)
+from bridges.federation.remote import Auth, PipeGone, Refused, Unavailable
+from gateway.federation.client import MAX_REASON
+from gateway.federation.client import HttpRemote as Remote
 from restms.specs import EmbeddedContent, MessageSpec
 from tests.app.process import listening_port, main_py, start
 

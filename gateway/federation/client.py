@@ -1,0 +1,664 @@
+"""The HTTP client a federation link talks to a remote RestMS gateway with: the
+gateway's implementation of :class:`bridges.federation.remote.Remote`, handed to the
+bridges in their :class:`~bridges.base.Host` (bridges import no HTTP library).
+
+Theory of operation
+-------------------
+One :class:`HttpRemote` per link holds one aiohttp client session, opened on first use
+(inside the event loop; a CA file is read in a worker thread). Every request sends
+and accepts ``application/restms+json`` (docs/PROTOCOL.md §3-4), follows no
+redirects, keeps no cookies and ignores proxy settings of the environment. It is
+bounded twice: connecting by ``timeout`` seconds (aiohttp), the whole exchange by
+``timeout`` seconds too, or, for a read's long-poll, by its ``wait`` until the reply's
+head arrives and ``timeout`` more for its body. No reply body is read past
+``max_body`` bytes: a larger one is :class:`Unavailable`, never a crash.
+
+**Credentials.** A fixed bearer token, or OAuth 2.0 client credentials at the
+remote's token endpoint (docs/AUTH.md §2: a form POST, the client authenticated with
+HTTP Basic, ``client_secret_basic``, id and secret form-encoded first as RFC 6749
+§2.3.1 says). The token is fetched on first use, one fetch at a time, and again once
+80 % of its ``expires_in`` has passed. A 401 with a token fetched before this
+request makes one new fetch and sends the request again; a 401 with a token just
+fetched (or a fixed one) is :class:`Unavailable`: a misconfiguration the link keeps
+reporting, not a reason to give messages up. Secrets never appear in a ``repr``, a
+log line or an error, and URLs in errors have their password redacted.
+
+**Outcomes** are those of :mod:`bridges.federation.remote` (Unavailable, Refused,
+PipeGone); foreign exceptions are converted here (``raise ... from``).
+
+**Reading** (docs/PROTOCOL.md §6, docs/EXTENSIONS.md §3 *Gaps*). A read GETs the
+message at its position; while that is the pipe's asynclet the remote holds the
+request until a message arrives, and the client gives up after ``wait`` seconds (or
+the remote after its ``max_wait``: 503, ``Retry-After: 0``), which is an empty read.
+It then lists the pipe and GETs the messages held after that one, up to ``limit``,
+a few at a time. A position that is gone (404 naming ``RestMS-Earliest-Position``)
+moves the read to the oldest position held; a 404 without it sends the read to the
+pipe's listing, whose 404 is :class:`PipeGone`. Linked contents are fetched, so every
+message returned embeds its contents. The pipes :meth:`HttpRemote.create_pipe` makes are
+durable (the remote stores every message they get) and have no lease (``lease="0"``:
+a message read and not yet acknowledged stays at its position, in order, instead of
+coming back later at another), which is what an in-order reader that acknowledges
+after its own commit needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import ssl
+import sys
+import time
+import urllib.parse
+from collections.abc import Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+import orjson
+
+from bridges.checks import NAME, redact
+from bridges.federation.remote import Auth, PipeGone, Refused, Unavailable
+from restms import specs
+from restms.document import Document, Element
+from restms.errors import BadRequest, RestMSError
+from restms.httpdates import parse_http_date
+from restms.jsoncodec import parse_json, to_json
+from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
+
+JSON = "application/restms+json"
+USER_AGENT = "restms-gateway-federation/1"
+EARLIEST = "RestMS-Earliest-Position"  # docs/EXTENSIONS.md §9
+IDENTITY_PATH = "/.well-known/restms-gateway"  # where a gateway says its id
+MAX_REASON = 500  # characters of a remote's refusal kept
+MAX_RETRY_AFTER = 300.0  # seconds: a longer Retry-After is taken as this
+REFRESH_AT = 0.8  # of a token's life: when a new one is fetched
+UNKNOWN_LIFE = 300.0  # seconds a token without expires_in is kept
+AT_ONCE = 8  # message GETs of one read in flight at a time
+TURNS = 4  # positions a read tries (each a gap or a hole skipped) before it says "none"
+# What a read accepts of the remote's messages: the local publish applies the local limits.
+T = TypeVar("T")
+_READ_LIMITS = MessageLimits(
+    max_messages=1, max_headers=sys.maxsize, max_contents=sys.maxsize, max_header_bytes=sys.maxsize
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """What a pipe's document says of its messages."""
+
+    held: tuple[int, ...]  # positions of the messages listed, oldest first
+    asynclet: int | None  # None when the listing is capped (docs/PROTOCOL.md §6)
+
+
+class HttpRemote:
+    """A client of one remote RestMS gateway (module docstring), the gateway's
+    :class:`bridges.federation.remote.Remote`."""
+
+    def __init__(
+        self,
+        auth: Auth,
+        *,
+        timeout: float,
+        tls_ca: str = "",
+        tls_verify: bool = True,
+        max_body: int = 8 << 20,
+    ) -> None:
+        if not timeout > 0 or max_body < 1:
+            raise ValueError("timeout and max_body must be positive")
+        self._auth = auth
+        self._timeout = timeout
+        self._tls_ca = tls_ca
+        self._tls_verify = tls_verify
+        self._max_body = max_body
+        self._session: aiohttp.ClientSession | None = None
+        self._opening = asyncio.Lock()
+        self._closed = False
+        self._token = ""
+        self._refresh_at = 0.0  # loop time
+        self._fetching = asyncio.Lock()
+
+    def __repr__(self) -> str:
+        return f"<HttpRemote token_url={redact(self._auth.token_url)!r} timeout={self._timeout:g}>"
+
+    async def close(self) -> None:
+        self._closed = True
+        async with self._opening:
+            if self._session is not None:
+                await self._session.close()
+                self._session = None
+
+    # ------------------------------------------------------------ the operations
+    async def publish(self, feed_url: str, messages: Sequence[MessageSpec]) -> list[bool]:
+        """POST one JSON message document (contents embedded); one entry per message:
+        True when the remote said it was a duplicate (duplicate="1"), False otherwise."""
+        if not messages:
+            return []
+        where = f"POST {redact(feed_url)}"
+        reply = await self._call("POST", feed_url, _message_document(messages))
+        _check(reply, where)
+        entries = _publish_reply(reply, where)
+        if len(entries) != len(messages):
+            raise Unavailable(
+                f"{where}: the reply lists {len(entries)} messages for {len(messages)} sent"
+            )
+        return [entry.get("duplicate") == "1" for entry in entries]
+
+    async def create_pipe(self, feed_url: str, title: str) -> str:
+        """A new durable pipe without lease (module docstring) in the domain of the
+        remote feed ``feed_url`` (``default`` when its document names none); its URL."""
+        where = f"GET {redact(feed_url)}"
+        reply = await self._call("GET", feed_url)
+        _check(reply, where)
+        feed = next(_parse(reply, where).iter("feed"), None)
+        if feed is None:
+            raise Unavailable(f"{where}: the reply holds no feed")
+        domain = feed.get("domain") or "default"
+        root, found, _ = feed_url.rpartition("/feed/")
+        if not found:
+            raise ValueError(f"{redact(feed_url)} is not a RestMS feed URL (…/restms/feed/<name>)")
+        domain_url = f"{root}/domain/{urllib.parse.quote(domain, safe='')}"
+        pipe = {"title": title, "durable": "1", "lease": "0"}
+        return await self._create(domain_url, Element("pipe", pipe), pipe_url=None)
+
+    async def create_join(
+        self, pipe_url: str, feed_url: str, address: str, headers: tuple[tuple[str, str], ...]
+    ) -> str:
+        """A join of the remote pipe to the remote feed (the existing one when the pipe
+        has an identical join); its URL. :class:`PipeGone` when the pipe is gone."""
+        join = Element("join", {"feed": feed_url, "address": address}, _header_elements(headers))
+        return await self._create(pipe_url, join, pipe_url=pipe_url)
+
+    async def pipe_joins(
+        self, pipe_url: str
+    ) -> list[tuple[str, str, tuple[tuple[str, str], ...]]] | None:
+        """(feed URL, address, headers) of each join; None when the pipe is gone (404).
+        The pipe's own join to the remote's ``default`` feed is listed too."""
+        where = f"GET {redact(pipe_url)}"
+        reply = await self._call("GET", pipe_url)
+        if reply.status == 404:
+            return None
+        _check(reply, where)
+        pipe = next(_parse(reply, where).iter("pipe"), None)
+        if pipe is None:
+            raise Unavailable(f"{where}: the reply holds no pipe")
+        try:
+            return [
+                (
+                    join.attrs.get("feed", ""),
+                    join.attrs.get("address", ""),
+                    tuple(specs.header(h.attrs) for h in join.iter("header")),
+                )
+                for join in pipe.iter("join")
+            ]
+        except BadRequest as exc:
+            raise Unavailable(f"{where}: the reply is not understood: {exc}") from exc
+
+    async def read(
+        self, pipe_url: str, position: int, limit: int, wait: float
+    ) -> list[tuple[int, MessageSpec]]:
+        """Messages at ``position`` and after (up to ``limit``), waiting up to ``wait`` s
+        when none; [] after the wait (or the remote's ``max_wait``, when shorter).
+
+        The first position returned is later than ``position`` when the messages
+        between are gone (a gap the caller may report), or the pipe's next position
+        when ``position`` is past every position the remote has issued."""
+        if limit < 1:
+            raise ValueError("a read needs a limit of at least 1")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        first: MessageSpec | None = None
+        for _ in range(TURNS):
+            left = deadline - loop.time()
+            if left <= 0:  # no waiting left: only a message held now
+                listing = await self._listing(pipe_url)
+                held = next((p for p in listing.held if p >= position), None)
+                if held is None:
+                    return []
+                position = held
+                found = await self._message(pipe_url, position, None)
+            else:
+                found = await self._message(pipe_url, position, left)
+            if isinstance(found, MessageSpec):
+                first = found
+                break
+            if found is None:
+                return []
+            position = found
+        if first is None:
+            return []
+        out = [(position, first)]
+        if limit > 1:
+            listing = await self._listing(pipe_url)
+            after = [p for p in listing.held if p > position][: limit - 1]
+            gate = asyncio.Semaphore(AT_ONCE)
+
+            async def one(p: int) -> MessageSpec | int | None:
+                async with gate:
+                    return await self._message(pipe_url, p, None)
+
+            for p, got in zip(after, await _all([one(p) for p in after]), strict=True):
+                if not isinstance(got, MessageSpec):
+                    break  # gone meanwhile: the next read goes on from there
+                out.append((p, got))
+        return out
+
+    async def gateway_id(self, feed_url: str) -> str | None:
+        """The remote gateway's id (docs/FEDERATION.md, "Gateway ids"), asked at the
+        feed's origin; None from a RestMS server that does not say."""
+        parts = urllib.parse.urlsplit(feed_url)
+        url = f"{parts.scheme}://{parts.netloc}{IDENTITY_PATH}"
+        where = f"GET {redact(url)}"
+        reply = await self._call("GET", url, accept="application/json")
+        if reply.status in (404, 405):
+            return None
+        _check(reply, where)
+        try:
+            said = orjson.loads(reply.body).get("gateway_id")
+        except (orjson.JSONDecodeError, AttributeError):
+            return None
+        return said if isinstance(said, str) and NAME.fullmatch(said) else None
+
+    async def ack(self, pipe_url: str, position: int) -> None:
+        """DELETE pipe.position: the message and every older one go (D4). A DELETE is
+        answered 200 even when the pipe is gone (R4): the next read tells."""
+        url = f"{pipe_url}.{position}"
+        _check(await self._call("DELETE", url), f"DELETE {redact(url)}")
+
+    async def delete_pipe(self, pipe_url: str) -> None:
+        """DELETE the pipe; a pipe gone already is no error (R4)."""
+        _check(await self._call("DELETE", pipe_url), f"DELETE {redact(pipe_url)}")
+
+    # ------------------------------------------------------------ reading
+    async def _message(
+        self, pipe_url: str, position: int, wait: float | None
+    ) -> MessageSpec | int | None:
+        """The message at ``position`` (waiting up to ``wait`` s while it is the
+        asynclet; None: held now, answered at once); else the position to try next,
+        or None for nothing (the wait ran out)."""
+        url = f"{pipe_url}.{position}"
+        where = f"GET {redact(url)}"
+        reply = await self._send("GET", url, None, JSON, wait)
+        if reply is None:
+            return None
+        if reply.status == 200:
+            return await self._delivered(pipe_url, url, reply)
+        if reply.status == 404:
+            earliest = _position(reply.headers.get(EARLIEST))
+            if earliest is not None and earliest > position:
+                return earliest  # gone: acknowledged, or lost (a gap)
+            listing = await self._listing(pipe_url)  # PipeGone when the pipe went
+            held = next((p for p in listing.held if p >= position), None)
+            if held is not None:
+                return held
+            if listing.asynclet is not None and listing.asynclet != position:
+                return listing.asynclet
+            return None
+        if reply.status == 503 and reply.headers.get("Retry-After", "").strip() == "0":
+            return None  # the remote's own max_wait ran out first
+        _check(reply, where)
+        raise Unavailable(f"{where}: unexpected status {reply.status}")
+
+    async def _delivered(self, pipe_url: str, url: str, reply: _Reply) -> MessageSpec:
+        """The message a GET answered, its linked contents fetched and embedded."""
+        where = f"GET {redact(url)}"
+        element = next(_parse(reply, where).iter("message"), None)
+        if element is None:
+            raise Unavailable(f"{where}: the reply holds no message")
+        try:
+            headers = [specs.header(h.attrs) for h in element.iter("header")]
+            contents: list[Content] = []
+            for part in element.iter("content"):
+                href = part.get("href")
+                if href is None:
+                    attrs = part.attrs
+                    contents.append(
+                        specs.content(None, attrs.get("type"), attrs.get("encoding"), part.text)
+                    )
+                    continue
+                content_url = _beside(url, href, where)
+                fetched = await self._content(pipe_url, content_url, part)
+                if fetched is not None:
+                    contents.append(fetched)
+            return specs.build_message(element.attrs, headers, contents, _READ_LIMITS)
+        except RestMSError as exc:
+            raise Unavailable(f"{where}: the message is not understood: {exc}") from exc
+
+    async def _content(self, pipe_url: str, url: str, part: Element) -> EmbeddedContent | None:
+        """A delivered content's bytes, embedded; None when it was deleted from the pipe's
+        copy of the message (then the message's document no longer lists it)."""
+        where = f"GET {redact(url)}"
+        reply = await self._call("GET", url, accept="*/*")
+        if reply.status == 404:
+            await self._listing(pipe_url)  # PipeGone when the whole pipe went
+            return None
+        _check(reply, where)
+        kind = part.get("type") or reply.headers.get("Content-Type") or "application/octet-stream"
+        return EmbeddedContent.of(reply.body, kind)
+
+    async def _listing(self, pipe_url: str) -> _Listing:
+        where = f"GET {redact(pipe_url)}"
+        reply = await self._call("GET", pipe_url)
+        if reply.status == 404:
+            raise PipeGone(f"{where}: the pipe is gone")
+        _check(reply, where)
+        pipe = next(_parse(reply, where).iter("pipe"), None)
+        if pipe is None:
+            raise Unavailable(f"{where}: the reply holds no pipe")
+        held: list[int] = []
+        asynclet = None
+        for message in pipe.iter("message"):
+            found = _position(message.attrs.get("href", "").rpartition(".")[2])
+            if found is None:
+                raise Unavailable(f"{where}: a message has no position in its href")
+            if message.attrs.get("async") == "1":
+                asynclet = found
+            else:
+                held.append(found)
+        return _Listing(tuple(sorted(held)), asynclet)
+
+    async def _create(self, url: str, element: Element, *, pipe_url: str | None) -> str:
+        """POST a document of one element; the Location of what it made (or found)."""
+        where = f"POST {redact(url)}"
+        reply = await self._call("POST", url, to_json(Document(elements=(element,))))
+        if reply.status == 404 and pipe_url is not None:
+            raise PipeGone(f"{where}: the pipe is gone")
+        _check(reply, where)
+        location = reply.headers.get("Location")
+        if not location:
+            raise Unavailable(f"{where}: the reply has no Location")
+        return _beside(url, location, where)
+
+    # ------------------------------------------------------------ requests
+    async def _call(
+        self, method: str, url: str, document: bytes | None = None, *, accept: str = JSON
+    ) -> _Reply:
+        """One request that does not wait (:meth:`_send`)."""
+        reply = await self._send(method, url, document, accept, None)
+        if reply is None:  # only a wait runs out without an answer
+            raise Unavailable(f"{method} {redact(url)}: no answer")
+        return reply
+
+    async def _send(
+        self, method: str, url: str, document: bytes | None, accept: str, wait: float | None
+    ) -> _Reply | None:
+        """One request with the link's credentials, sent again once with a new token
+        after a 401 of one fetched earlier; None when ``wait`` ran out."""
+        headers = {"Accept": accept}
+        if document is not None:
+            headers["Content-Type"] = JSON
+        token, fresh = await self._bearer()
+        reply = await self._exchange(method, url, document, headers, token, wait)
+        if reply is not None and reply.status == 401 and self._auth.token_url and not fresh:
+            token, _ = await self._bearer(stale=token)
+            reply = await self._exchange(method, url, document, headers, token, wait)
+        return reply
+
+    async def _bearer(self, stale: str = "") -> tuple[str, bool]:
+        """The token to send, and whether this call fetched it; ``stale`` is one the
+        remote has just refused (another request may have replaced it already)."""
+        auth = self._auth
+        if not auth.token_url:
+            return auth.bearer, False
+        loop = asyncio.get_running_loop()
+        async with self._fetching:
+            if self._token and self._token != stale and loop.time() < self._refresh_at:
+                return self._token, False
+            self._token = ""
+            token, life = await self._fetch_token()
+            self._token, self._refresh_at = token, loop.time() + REFRESH_AT * life
+            return token, True
+
+    async def _fetch_token(self) -> tuple[str, float]:
+        """A new access token and its life in seconds (client credentials grant)."""
+        auth = self._auth
+        where = f"token endpoint {redact(auth.token_url)}"
+        form = {"grant_type": "client_credentials"}
+        if auth.scope:
+            form["scope"] = auth.scope
+        pair = f"{_form(auth.client_id)}:{_form(auth.client_secret)}"
+        headers = {
+            "Authorization": "Basic " + base64.b64encode(pair.encode()).decode("ascii"),
+            "Accept": "application/json",
+            "Content-Type": "application/x-www-form-urlencoded",
+        }
+        body = urllib.parse.urlencode(form).encode()
+        reply = await self._exchange("POST", auth.token_url, body, headers, "", None)
+        if reply is None:  # only a wait runs out without an answer
+            raise Unavailable(f"{where}: no answer")
+        try:
+            answer = orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
+            answer = {}
+        if reply.status != 200:
+            said = ": ".join(
+                str(answer[key])[:MAX_REASON]
+                for key in ("error", "error_description")
+                if answer.get(key)
+            )
+            raise Unavailable(
+                f"{where} did not grant a token to client {auth.client_id!r}: "
+                f"{reply.status} {said or _reason(reply)}",
+                _retry_after(reply),
+            )
+        token = answer.get("access_token")
+        if not isinstance(token, str) or not token:
+            raise Unavailable(f"{where}: the reply holds no access_token")
+        if str(answer.get("token_type", "")).lower() != "bearer":
+            raise Unavailable(f"{where}: the token is not a bearer token")
+        life = answer.get("expires_in", UNKNOWN_LIFE)
+        if isinstance(life, str):
+            life = _number(life)
+        if not isinstance(life, int | float) or isinstance(life, bool) or not math.isfinite(life):
+            life = UNKNOWN_LIFE
+        return token, max(float(life), 0.0)
+
+    async def _exchange(
+        self,
+        method: str,
+        url: str,
+        body: bytes | None,
+        headers: dict[str, str],
+        token: str,
+        wait: float | None,
+    ) -> _Reply | None:
+        """One HTTP exchange, bounded (module docstring); None when ``wait`` ran out
+        before the reply's head came."""
+        where = f"{method} {redact(url)}"
+        if token:
+            headers = {**headers, "Authorization": f"Bearer {token}"}
+        session = await self._open()
+        loop = asyncio.get_running_loop()
+        answered = False
+        try:
+            async with asyncio.timeout(self._timeout if wait is None else wait) as bound:
+                async with session.request(
+                    method, url, data=body, headers=headers, allow_redirects=False
+                ) as reply:
+                    answered = True
+                    bound.reschedule(loop.time() + self._timeout)
+                    data = await self._read(reply, where)
+                    return _Reply(reply.status, reply.headers, data)
+        except aiohttp.ClientConnectorError as exc:  # before TimeoutError: some are both
+            cause = exc.os_error.strerror or type(exc.os_error).__name__
+            raise Unavailable(f"{where}: cannot connect ({cause})") from exc
+        except aiohttp.ConnectionTimeoutError as exc:
+            raise Unavailable(f"{where}: no connection within {self._timeout:g} s") from exc
+        except TimeoutError as exc:
+            if answered:
+                raise Unavailable(f"{where}: the reply did not come whole in time") from exc
+            if wait is not None:
+                return None
+            raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
+            raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
+
+    async def _read(self, reply: aiohttp.ClientResponse, where: str) -> bytes:
+        """The body, at most ``max_body`` bytes; the connection is dropped past them."""
+        limit = self._max_body
+        if reply.content_length is not None and reply.content_length > limit:
+            reply.close()
+            raise Unavailable(f"{where}: the reply of {reply.content_length} bytes is too large")
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = await reply.content.read(left)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+            left -= len(chunk)
+        reply.close()
+        raise Unavailable(f"{where}: the reply is larger than {limit} bytes")
+
+    async def _open(self) -> aiohttp.ClientSession:
+        async with self._opening:
+            if self._closed:
+                raise Unavailable("the remote client is closed")
+            if self._session is None:
+                context: ssl.SSLContext | bool = self._tls_verify
+                if self._tls_verify and self._tls_ca:
+                    try:  # reads the file: not on the loop
+                        context = await asyncio.to_thread(
+                            ssl.create_default_context, cafile=self._tls_ca
+                        )
+                    except (OSError, ssl.SSLError) as exc:
+                        raise Unavailable(f"cannot load tls_ca {self._tls_ca}: {exc}") from exc
+                self._session = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(ssl=context),
+                    cookie_jar=aiohttp.DummyCookieJar(),
+                    trust_env=False,
+                    timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout),
+                    headers={"User-Agent": USER_AGENT},
+                )
+            return self._session
+
+
+# ---------------------------------------------------------------- values
+def _message_document(messages: Sequence[MessageSpec]) -> bytes:
+    """The JSON publish document of ``messages``: address, properties, headers and
+    embedded contents, as the gateway reads them (restms.specs; J1-J5: every property a
+    string, every child an array, a content's text under ``value``)."""
+    listed = []
+    for spec in messages:
+        message: dict[str, Any] = {"address": spec.address, **dict(spec.props)}
+        if spec.headers:
+            message["header"] = [{"name": n, "value": v} for n, v in spec.headers]
+        if spec.contents:
+            message["content"] = [_content_object(content) for content in spec.contents]
+        listed.append(message)
+    return orjson.dumps({"restms": {"message": listed}})
+
+
+def _publish_reply(reply: _Reply, where: str) -> list[dict[str, Any]]:
+    """The ``message`` objects of a publish reply (J1-J5), read as plain JSON: a reply
+    of thousands of counts is read several times faster than as a document."""
+    try:
+        listed = orjson.loads(reply.body)["restms"].get("message", [])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply") from exc
+    if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply")
+    return listed
+
+
+def _content_object(content: Content) -> dict[str, str]:
+    if not isinstance(content, EmbeddedContent):
+        raise TypeError("only embedded contents can be published to a remote gateway")
+    return {"type": content.type, "encoding": content.encoding, "value": content.value}
+
+
+def _header_elements(headers: tuple[tuple[str, str], ...]) -> tuple[Element, ...]:
+    return tuple(Element("header", {"name": name, "value": value}) for name, value in headers)
+
+
+def _parse(reply: _Reply, where: str) -> Document:
+    try:
+        return parse_json(reply.body)
+    except RestMSError as exc:
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON document: {exc}") from exc
+
+
+def _check(reply: _Reply, where: str) -> None:
+    """Nothing for a 2xx; else the exception its status calls for (module docstring)."""
+    status = reply.status
+    if 200 <= status < 300:
+        return
+    if status == 401:
+        raise Unavailable(f"{where}: the remote refused the credentials: {_reason(reply)}")
+    if status in (408, 429) or status >= 500:
+        raise Unavailable(f"{where}: {status} {_reason(reply)}", _retry_after(reply))
+    if 400 <= status < 500:
+        raise Refused(where, status, _reason(reply))
+    raise Unavailable(f"{where}: unexpected status {status}")
+
+
+def _reason(reply: _Reply) -> str:
+    """The remote's one-line reason (its text/plain body), cut at MAX_REASON."""
+    text = " ".join(reply.text().split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+def _retry_after(reply: _Reply) -> float | None:
+    """Retry-After in seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER."""
+    value = reply.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    seconds = _number(value)
+    if seconds is None:
+        when = parse_http_date(value)
+        if when is None:
+            return None
+        seconds = when - time.time()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _position(text: str | None) -> int | None:
+    if text is None or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def _form(text: str) -> str:
+    return urllib.parse.quote_plus(text)
+
+
+def _beside(base: str, href: str, where: str) -> str:
+    """``href`` read against ``base``, which it must not leave for another origin: the
+    link's credentials go with every request, and only to the remote it names."""
+    url = urllib.parse.urljoin(base, href)
+    there, here = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
+    if (there.scheme, there.netloc) != (here.scheme, here.netloc):
+        raise Unavailable(f"{where}: the remote named another origin ({redact(url)})")
+    return url
+
+
+async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
+    """Every result in order; the first failure cancels the rest and is raised."""
+    tasks = [asyncio.ensure_future(call) for call in calls]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
