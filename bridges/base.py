@@ -36,6 +36,8 @@ from typing import Any, Protocol
 
 from feeds.service import EngineService
 
+from .federation.remote import Connect
+
 # state -> the states it may move to
 TRANSITIONS: dict[str, frozenset[str]] = {
     "stopped": frozenset({"connecting"}),
@@ -161,13 +163,16 @@ Notify = Callable[[str, str, str, dict[str, str]], None]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Host:
     """What the gateway gives its bridges: the engine service (committing and paging
-    are its business), where link events go, and the limits a bridge's pipe must keep."""
+    are its business), where link events go, the limits a bridge's pipe must keep, and
+    the HTTP client federation links reach other gateways with."""
 
     engine: EngineService
     notify: Notify | None = None  # None: management events are off
     system_feed: str | None = None  # the feed events go to: bridges only out of it
     max_pipe_messages: int
     max_pipe_bytes: int
+    connect: Connect | None = None  # federation links' remote gateways; None: no links
+    dead_letter_feed: str = ""  # the gateway's, for what a pull link may not publish
 
 
 class Bridge(Protocol):

@@ -16,6 +16,7 @@ from restms.names import check_address
 
 from .amqp_map import check_address_from, check_target
 from .checks import MAX_DELAY, NAME, redact
+from .federation.config import FederationConfig
 
 DIRECTIONS = frozenset({"out", "in"})
 SASL = frozenset({"", "PLAIN", "ANONYMOUS"})
@@ -298,14 +299,16 @@ def check_endpoint(endpoint: str, *, bind: bool, where: str) -> None:
         raise ValueError(f"{where}: {endpoint!r} has a bad port")
 
 
-BridgeConfig = AmqpBridgeConfig | ZmqBridgeConfig
+BridgeConfig = AmqpBridgeConfig | ZmqBridgeConfig | FederationConfig
 _CLASSES: dict[str, type[BridgeConfig]] = {
     "amqp": AmqpBridgeConfig,
     "zeromq": ZmqBridgeConfig,
+    "federation": FederationConfig,
 }
 _REQUIRED = {
     "amqp": ("name", "direction", "urls", "feed"),
     "zeromq": ("name", "socket", "endpoints", "feed"),
+    "federation": ("name", "direction", "feed", "remote"),
 }
 
 

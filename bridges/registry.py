@@ -33,12 +33,14 @@ from .amqp import AmqpBridge
 from .base import Host
 from .common import owner_of
 from .config import AmqpBridgeConfig, BridgeConfig, ZmqBridgeConfig, parse
+from .federation.config import FederationConfig
+from .federation.link import FederationLink
 from .zeromq import ZapGate, ZmqBridge
 from .zmq_rpc import DealerBridge, RouterBridge
 
 log = logging.getLogger(__name__)
 
-AnyBridge = AmqpBridge | ZmqBridge
+AnyBridge = AmqpBridge | ZmqBridge | FederationLink
 
 
 class Registry:
@@ -62,6 +64,7 @@ class Registry:
         self._zmq: zmq.asyncio.Context | None = None  # one for every ZeroMQ bridge (inproc)
         self._zap: ZapGate | None = None
         self._lock = asyncio.Lock()
+        self.gateway_id = ""  # federation links name this gateway so (given at start)
         names = [c.name for c in self._configured]
         if len(set(names)) != len(names):
             raise ValueError("two [[bridges]] have the same name")
@@ -76,8 +79,10 @@ class Registry:
         return bridge
 
     # ------------------------------------------------------------ lifecycle
-    async def start(self) -> None:
-        """Start the configured bridges, then the ones kept from earlier runs."""
+    async def start(self, gateway_id: str) -> None:
+        """Start the configured bridges, then the ones kept from earlier runs;
+        ``gateway_id`` is the name federation links give this gateway (docs/FEDERATION.md)."""
+        self.gateway_id = gateway_id
         kept = await asyncio.to_thread(self._load) if self._state_file else []
         for config in self._configured:
             await self._start(config, configured=True)
@@ -103,6 +108,10 @@ class Registry:
     def _make(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
         if isinstance(config, AmqpBridgeConfig):
             return AmqpBridge(config, self._host, configured=configured, max_body=self._max_body)
+        if isinstance(config, FederationConfig):
+            return FederationLink(
+                config, self._host, configured=configured, gateway_id=self.gateway_id
+            )
         if self._zmq is None:
             self._zmq = zmq.asyncio.Context()
             self._zap = ZapGate(self._zmq)
@@ -242,6 +251,8 @@ class Registry:
                 )
             await self._forget(bridge)
             del self._bridges[name]
+            if isinstance(bridge, FederationLink):
+                await bridge.forget()
             engine, owner = self._host.engine, owner_of(name)
             for pipe in await engine.pipes(owner):
                 await engine.delete_pipe(owner, pipe.key)  # committed when it returns

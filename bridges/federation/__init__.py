@@ -1,1 +1,2 @@
-"""Federation links between RestMS gateways (issue 25): bridges of kind ``federation``."""
+"""Federation links: a feed shared with a feed of another RestMS gateway, pushed or
+pulled over HTTP, loop-safe and deduplicated (docs/FEDERATION.md)."""

@@ -9,10 +9,16 @@ Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
     GET    /admin/bridges/{name}        one bridge's status
     DELETE /admin/bridges/{name}        stop and forget it (409 while messages wait,
                                         unless ?discard=true; 403 for configured ones)
+
+And, public, the gateway's id that federation links name it by (docs/FEDERATION.md)::
+
+    GET    /.well-known/restms-gateway  {"gateway_id": "..."}
 """
 
 from __future__ import annotations
 
+import asyncio
+import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,6 +31,7 @@ from bridges.config import parse
 from bridges.registry import AnyBridge, Registry
 from feeds.service import DEFAULT_DOMAIN, EngineService
 from gateway.auth.authn import PRINCIPAL
+from gateway.federation.client import HttpRemote
 from gateway.restms import http
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.state import STATE
@@ -34,9 +41,13 @@ from restms.errors import (
     Forbidden,
     InsufficientScope,
     NotFound,
+    ServiceUnavailable,
 )
 
 BRIDGES_PATH = "/admin/bridges"
+IDENTITY_PATH = "/.well-known/restms-gateway"
+ID_SETTING = "gateway-id"
+ID_TRIES = 10  # the engine may be failing over while the gateway starts: a few seconds
 
 
 def keep_bridge_pipe(owner: str) -> None:
@@ -61,6 +72,8 @@ def make_host(app: web.Application) -> Host:
         system_feed=events.name if events is not None else None,
         max_pipe_messages=config.max_pipe_messages,
         max_pipe_bytes=config.max_pipe_bytes,
+        connect=HttpRemote,
+        dead_letter_feed=config.dead_letter_feed,
     )
 
 
@@ -76,9 +89,28 @@ BRIDGES = web.AppKey("bridges", Registry)
 async def bridges_context(app: web.Application) -> AsyncIterator[None]:
     """Start every bridge once the store is restored; stop them before it closes."""
     registry = app[BRIDGES]
-    await registry.start()
+    await registry.start(await gateway_id(app[SERVICE], app[CONFIG].gateway_id))
     yield
     await registry.stop()
+
+
+async def gateway_id(service: EngineService, configured: str) -> str:
+    """The gateway's id: the configured one, else the one the engine keeps, made the
+    first time (so every node sharing the engine has the same)."""
+    if configured:
+        return configured
+    for attempt in range(ID_TRIES):
+        try:
+            return await service.keep_setting(ID_SETTING, secrets.token_urlsafe(12), only_new=True)
+        except ServiceUnavailable:
+            if attempt == ID_TRIES - 1:
+                raise
+            await asyncio.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+async def identity(request: web.Request) -> web.Response:
+    return http.json_reply({"gateway_id": request.app[BRIDGES].gateway_id})
 
 
 # ---------------------------------------------------------------- the admin resource
@@ -163,3 +195,4 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(BRIDGES_PATH, create_bridge)
     app.router.add_get(BRIDGES_PATH + "/{name}", get_bridge)
     app.router.add_delete(BRIDGES_PATH + "/{name}", delete_bridge)
+    app.router.add_get(IDENTITY_PATH, identity)

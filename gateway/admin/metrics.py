@@ -246,6 +246,7 @@ class Gauges(Collector):
     def _bridges(self) -> Iterator[Metric]:
         state = _labelled(GaugeMetricFamily, "restms_bridge_state", "bridge", "kind", "state")
         backlog = _labelled(GaugeMetricFamily, "restms_bridge_backlog", "bridge")
+        lag = _labelled(GaugeMetricFamily, "restms_bridge_lag_seconds", "bridge")
         counted: dict[str, CounterMetricFamily] = {}
         for bridge in self._app[BRIDGES]:
             status = bridge.status()
@@ -253,6 +254,8 @@ class Gauges(Collector):
             for known in STATES:
                 state.add_metric((name, kind, known), int(status["state"] == known))
             backlog.add_metric((name,), bridge.backlog())
+            if "lag_seconds" in status:  # federation links
+                lag.add_metric((name,), status["lag_seconds"])
             for field, value in status["counters"].items():
                 family = counted.get(field)
                 if family is None:
@@ -264,6 +267,7 @@ class Gauges(Collector):
                 family.add_metric((name,), value)
         yield state
         yield backlog
+        yield lag
         yield from counted.values()
 
     def _mirror(self) -> Iterator[Metric]:
@@ -311,6 +315,7 @@ HELP = {
     ),
     "restms_bridge_state": "1 for the state a bridge's link is in",
     "restms_bridge_backlog": "Messages waiting on the gateway side of a bridge",
+    "restms_bridge_lag_seconds": "Seconds the oldest message a federation link holds has waited",
     "restms_pipes": "Pipes by type",
 }
 

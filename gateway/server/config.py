@@ -21,6 +21,7 @@ from typing import Any
 
 from auth import GUEST, User
 from auth.clients import Client
+from bridges.checks import NAME as BRIDGE_NAME
 from bridges.config import BridgeConfig
 from bridges.config import parse as parse_bridge
 from feeds.service import DEFAULT_DOMAIN, EngineConfig, FeedConfig
@@ -210,7 +211,9 @@ class Config:
     issuers: tuple[IssuerConfig, ...] = ()  # [[issuers]]: external token issuers trusted
     clients: tuple[Client, ...] = ()  # [[clients]]: built-in server clients
     users: tuple[User, ...] = ()  # [[users]]: HTTP Basic users
-    bridges: tuple[BridgeConfig, ...] = ()  # [[bridges]]: AMQP 1.0 bridges (docs/AMQP.md)
+    bridges: tuple[BridgeConfig, ...] = ()  # [[bridges]]: AMQP, ZeroMQ, federation links
+    # the name federation links give this gateway; "": made once and kept by the engine
+    gateway_id: str = ""
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
@@ -312,6 +315,8 @@ class Config:
             raise ConfigError(f"{GUEST!r} is the loopback guest: name users and clients otherwise")
         if self.introspection_url and not self.introspection_client_id:
             raise ConfigError("introspection_url needs introspection_client_id")
+        if self.gateway_id and not BRIDGE_NAME.fullmatch(self.gateway_id):
+            raise ConfigError("gateway_id must be 1-64 of A-Z a-z 0-9 . _ -")
         names = [b.name for b in self.bridges]
         if len(set(names)) != len(names):
             raise ConfigError("two [[bridges]] have the same name")

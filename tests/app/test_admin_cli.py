@@ -483,6 +483,30 @@ async def test_bridges_from_a_toml_file(make_gateway: MakeGateway, tmp_path: Pat
     await fails(2, "cannot read", "bridges", "add", str(tmp_path / "absent.toml"), **env)
 
 
+async def test_a_federation_link_from_a_toml_file(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    """docs/FEDERATION.md: a link is added, shown and deleted like any bridge; here one
+    that pushes the gateway's orders to a gateway nobody runs (it waits, retrying)."""
+    live = await start(make_gateway)
+    definition = tmp_path / "link.toml"
+    await asyncio.to_thread(
+        definition.write_text,
+        '[[bridges]]\nkind = "federation"\nname = "to-far"\ndirection = "out"\n'
+        'feed = "orders"\naddress = "#"\nremote = "http://127.0.0.1:9/restms/feed/orders"\n'
+        'bearer = "kept-secret"\n',
+    )
+    out = await ok("bridges", "add", str(definition), **live.env)
+    assert out.startswith("bridge to-far: ")
+    rows = [line.split() for line in (await ok("bridges", "list", **live.env)).splitlines()]
+    assert rows[1][:4] == ["to-far", "federation", "out", "orders"]
+    status = await ok_json("bridges", "status", "to-far", **live.env)
+    assert status["definition"]["bearer"] == "***"
+    assert "kept-secret" not in await ok("bridges", "status", "to-far", **live.env)
+    out = await ok("bridges", "delete", "to-far", **live.env)
+    assert out == "deleted bridge to-far; 0 waiting messages discarded\n"
+
+
 async def test_stats_and_failures(make_gateway: MakeGateway) -> None:
     live = await start(make_gateway)
     gw, env = live.gw, live.env

@@ -1,0 +1,459 @@
+"""Federation links: a gateway feed shared with a feed of another RestMS gateway.
+
+Theory of operation
+-------------------
+**Push** (``direction = "out"``). The link owns a durable internal pipe joined to its
+local feed (bridges/common.py, :class:`~bridges.common.PipeSide`), as an outbound AMQP
+bridge does. It takes up to ``batch`` messages from it, drops those the loop rules
+say must not travel (:mod:`.trail`: counted ``looped``), gives each a ``message_id``
+when it has none, and publishes the rest to the remote feed in one request. Only when
+the remote answered 2xx are they acknowledged here, so a crash of either side before
+that sends them again, and the remote feed's ``message_id`` window absorbs the repeat
+(at least once on the wire, once in the remote's pipes). While the remote is away
+(network errors, 408, 429, 5xx) the same batch is sent again after a capped backoff
+with jitter, honouring Retry-After, and new messages wait in the pipe, bounded by its
+limits. So do a ``403`` and a ``404`` (the link may not publish there, or the remote
+feed is not there), which would refuse every message alike. Any other 4xx is the
+remote refusing a message for good: the batch is sent a message at a time to find
+the ones refused, which go to the dead-letter feed with the remote's reason.
+
+**Pull** (``direction = "in"``). The link keeps a pipe of its own on the remote
+gateway, joined to the remote feed, and remembers its URL in the engine's settings
+(``federation/<link>/pipe``), so a restart, or another node of a cluster, goes on
+reading the same pipe. It reads the pipe in order (a long-poll on its asynclet),
+publishes each batch into the local feed, and acknowledges it on the remote only after
+the local publish committed. The loop rules apply as if the remote had pushed.
+
+Push suits a site that may only open connections outward (behind a firewall) and can
+hold the remote's credentials; pull suits a remote that must not hold credentials for
+this gateway, or that cannot reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from feeds.service import Blob, Message
+from restms.errors import RestMSError
+from restms.specs import EmbeddedContent, MessageSpec, PipeSpec
+
+from ..base import CoreCounters, Host, backoff
+from ..common import PipeSide, PublishSide, bridge_pipe_spec
+from .config import FederationConfig
+from .remote import Auth, PipeGone, Refused, Remote, RemoteError, Unavailable
+from .trail import onward, with_origin_id
+
+log = logging.getLogger(__name__)
+
+PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
+# Refusals that say nothing of the message: the remote feed is not there, or the link
+# may not publish to it. Messages wait for the remote (or its operator) to change.
+NOT_THE_MESSAGE = frozenset({403, 404})
+
+
+@dataclass(slots=True)
+class FederationCounters(CoreCounters):
+    """A federation link's counters; ``sent`` and ``published`` count messages the far
+    side took for the first time."""
+
+    acked: int = 0  # messages acknowledged where they came from, once the other side had them
+    retried: int = 0  # requests to the remote sent again after it failed
+    looped: int = 0  # not sent on: their trail ended here (a loop, or max_hops)
+    remote_duplicates: int = 0  # push: the remote had them already (a repeat)
+
+
+class FederationLink(PipeSide, PublishSide[int]):
+    """One federation link (either direction); see the module docstring."""
+
+    def __init__(
+        self, config: FederationConfig, host: Host, *, configured: bool, gateway_id: str
+    ) -> None:
+        self.counters = FederationCounters()
+        super().__init__(config.name, host, configured=configured, counters=self.counters)
+        self.config = config
+        self._gateway_id = gateway_id
+        self._feed_name = config.feed
+        self._backpressure = "wait"
+        self._remote_feed = urllib.parse.unquote(config.remote.rstrip("/").rpartition("/")[2])
+        self._remote_id: str | None = None  # learnt from the remote when it says
+        self._remote: Remote | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._oldest: float | None = None  # arrival of the oldest message not yet sent
+        self._holding = 0  # pull: messages read from the remote, not yet acknowledged there
+        self.health.url = config.display_urls[0]
+
+    # ------------------------------------------------------------ Bridge interface
+    @property
+    def kind(self) -> str:
+        return "federation"
+
+    async def start(self) -> None:
+        self._stopping = False
+        self._stopped.clear()
+        c = self.config
+        connect = self._host.connect
+        if connect is None:
+            raise RuntimeError("federation links need the gateway's HTTP client (Host.connect)")
+        self._remote = connect(
+            self._auth(), timeout=c.timeout, tls_ca=c.tls_ca, tls_verify=c.tls_verify
+        )
+        self.health.state.move("connecting")
+        if c.direction == "out":
+            await self._open()  # joined from now, whether the remote answers or not
+        body = self._push() if c.direction == "out" else self._pull()
+        self._task = asyncio.create_task(body, name=f"bridge-{self.name}")
+
+    def _auth(self) -> Auth:
+        c = self.config
+        return Auth(
+            bearer=c.bearer,
+            token_url=c.token_url,
+            client_id=c.client_id,
+            client_secret=c.client_secret,
+            scope=c.scope,
+        )
+
+    async def stop(self) -> None:
+        """Stop the loop; what was not acknowledged stays where it is safe (the local
+        pipe, or the remote one) and is sent again after a restart."""
+        self._stopping = True
+        self._stopped.set()
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._close_pipe()
+        remote, self._remote = self._remote, None
+        if remote is not None:
+            await remote.close()
+        if self.health.state.name != "stopped":
+            if self.health.state.name != "stopping":
+                self.health.state.move("stopping")
+            self.health.state.move("stopped")
+        self._holding = 0
+        self._oldest = None
+
+    async def forget(self) -> None:
+        """The link is deleted: its pipe on the remote goes too, when the remote
+        answers (else the remote collects it once idle), and so does its address."""
+        if self.config.direction != "in":
+            return
+        key = PIPE_SETTING.format(name=self.name)
+        pipe = await self._engine.setting(key)
+        if pipe and self._host.connect is not None:
+            remote = self._host.connect(self._auth(), timeout=min(self.config.timeout, 5.0))
+            try:
+                await remote.delete_pipe(pipe)
+            except RemoteError as exc:
+                log.warning("federation link %s: its remote pipe stays: %s", self.name, exc)
+            finally:
+                await remote.close()
+        if pipe:
+            await self._engine.keep_setting(key, "")
+
+    def backlog(self) -> int:
+        if self.config.direction == "out":
+            return self._pipe_backlog()
+        return self._holding
+
+    def lag(self) -> float:
+        """Seconds the oldest message not yet passed on has waited here (0: none
+        waits): in the pipe (push), or since it was read (pull)."""
+        return max(0.0, time.time() - self._oldest) if self._oldest is not None else 0.0
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "direction": self.config.direction,
+            "configured": self._configured,
+            "backlog": self.backlog(),
+            "lag_seconds": round(self.lag(), 3),
+            "gateway_id": self._gateway_id,
+            "remote_id": self._remote_id,
+            **self.health.document(),
+            "definition": self.config.document(),
+        }
+
+    # ------------------------------------------------------------ PipeSide
+    def _pipe_spec(self) -> PipeSpec:
+        c = self.config
+        return bridge_pipe_spec(
+            self.name, durable=c.durable, max_messages=c.max_messages, max_bytes=c.max_bytes
+        )
+
+    def _pipe_join(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
+        return (self.config.feed, self.config.address, self.config.headers)
+
+    # ------------------------------------------------------------ the link's state
+    def _up(self) -> None:
+        state = self.health.state
+        if state.name == "retrying":
+            state.move("connecting")
+        if state.name == "connecting":
+            state.move("up")
+            self.counters.connects += 1
+
+    async def _failed(self, exc: RemoteError, attempt: int) -> None:
+        """Say why a request failed, then wait before the next try."""
+        self.health.error(str(exc))
+        if self.health.state.name == "up":
+            self.counters.disconnects += 1
+        if self.health.state.name in ("connecting", "up"):
+            self.health.state.move("retrying")
+        delay = backoff(attempt, self.config.retry_min, self.config.retry_max)
+        if isinstance(exc, Unavailable) and exc.retry_after is not None:
+            delay = max(delay, min(exc.retry_after, self.config.retry_max))
+        await self._sleep(delay)
+
+    async def _reach(self) -> bool:
+        """Ask the remote for its gateway id until it answers (False: stopping first).
+        Knowing it, messages that came from there are not sent back; a RestMS server
+        that does not say is left unnamed, and ``max_hops`` and this gateway's own id
+        still end loops. A push link is up from then; a pull link once its remote pipe
+        is there too."""
+        attempt = 0
+        while self._remote_id is None and not self._stopping:
+            remote = self._remote
+            assert remote is not None
+            try:
+                self._remote_id = await remote.gateway_id(self.config.remote) or ""
+            except RemoteError as exc:
+                attempt += 1
+                self.counters.retried += 1
+                await self._failed(exc, attempt)
+                continue
+            if self.config.direction == "out":
+                self._up()
+        return not self._stopping
+
+    # ------------------------------------------------------------ push
+    async def _push(self) -> None:
+        attempt = 0
+        if not await self._reach():
+            return
+        while not self._stopping:
+            cursor = await self._ready_pipe()
+            if cursor is None:
+                continue
+            batch = await self._batch(cursor, self.config.batch)
+            self._oldest = batch[0].arrived if batch else None
+            if not batch:
+                await self._idle(cursor, self.config.batch)
+                continue
+            outgoing: list[tuple[Message, MessageSpec]] = []
+            for message in batch:
+                spec = self._outgoing(message)
+                if spec is None:
+                    self.counters.looped += 1
+                else:
+                    outgoing.append((message, spec))
+            while outgoing and not self._stopping:
+                try:
+                    outgoing = await self._send(outgoing)
+                except RemoteError as exc:
+                    attempt += 1
+                    self.counters.retried += 1
+                    await self._failed(exc, attempt)
+                    continue
+                attempt = 0
+            if self._stopping:
+                return
+            self.counters.acked += len(batch)
+            self._after = batch[-1].position
+            await self._ack_upto(self._after)
+
+    def _outgoing(self, message: Message) -> MessageSpec | None:
+        """The message as the remote is sent it, or None when it must not travel."""
+        spec, own, feed = message.spec, self._gateway_id, self.config.feed
+        headers = onward(
+            spec.headers, own=own, feed=feed, remote=self._remote_id or None,
+            max_hops=self.config.max_hops,
+        )  # fmt: skip
+        if headers is None:
+            return None
+        contents = []
+        for part in message.parts:
+            if isinstance(part, Blob):
+                contents.append(EmbeddedContent.of(part.data, part.content_type))
+            elif part is not None:
+                contents.append(part)
+        props = with_origin_id(spec.props, own=own, feed=feed, stamp=message.stamp)
+        return MessageSpec(
+            address=spec.address, props=props, headers=headers, contents=tuple(contents)
+        )
+
+    async def _send(
+        self, outgoing: list[tuple[Message, MessageSpec]]
+    ) -> list[tuple[Message, MessageSpec]]:
+        """Publish ``outgoing`` to the remote; what is left to send (nothing, unless it
+        raises :class:`RemoteError` for the link to retry)."""
+        remote = self._remote
+        assert remote is not None
+        try:
+            duplicates = await remote.publish(self.config.remote, [spec for _, spec in outgoing])
+        except Refused as exc:
+            if exc.status in NOT_THE_MESSAGE:
+                raise  # every message would be refused alike: the link waits, retrying
+            if len(outgoing) > 1:  # which one? each alone; the others go on
+                for index, item in enumerate(outgoing):
+                    rest = await self._send([item])
+                    if rest:
+                        return rest + outgoing[index + 1 :]
+                return []
+            self.counters.refused += 1
+            reason = f"the remote refused it: {exc}"
+            self.health.error(reason)
+            await self._dead_letter(outgoing[0][0], reason, self.config.dead_letter)
+            return []
+        self._up()
+        repeats = sum(duplicates)
+        self.counters.sent += len(outgoing) - repeats
+        self.counters.remote_duplicates += repeats
+        return []
+
+    # ------------------------------------------------------------ pull
+    async def _pull(self) -> None:
+        attempt = 0
+        pipe: str | None = None
+        position = 1
+        if not await self._reach():
+            return
+        while not self._stopping:
+            remote = self._remote
+            assert remote is not None
+            try:
+                if pipe is None:
+                    pipe = await self._remote_pipe(remote)
+                    self._up()
+                read = await remote.read(pipe, position, self.config.batch, self.config.wait)
+            except PipeGone as exc:
+                self.health.error(f"the remote pipe is gone, making another: {exc}")
+                pipe, position = None, 1
+                await self._forget_remote_pipe()
+                continue
+            except RemoteError as exc:
+                attempt += 1
+                self.counters.retried += 1
+                await self._failed(exc, attempt)
+                continue
+            except RestMSError as exc:  # this gateway's engine
+                self.health.error(f"cannot keep the remote pipe's address here: {exc}")
+                attempt += 1
+                await self._sleep(backoff(attempt, self.config.retry_min, self.config.retry_max))
+                continue
+            attempt = 0
+            self._up()
+            if not read:
+                continue
+            self._holding = len(read)
+            self._oldest = time.time()
+            self.counters.received += len(read)
+            await self._take_in(pipe, read)
+            if self._stopping:
+                return
+            last = read[-1][0]
+            if await self._ack_remote(remote, pipe, last):
+                self.counters.acked += len(read)
+                position = last + 1
+            self._holding = 0
+            self._oldest = None
+
+    async def _remote_pipe(self, remote: Remote) -> str:
+        """The URL of this link's pipe on the remote, joined as the definition says:
+        the one remembered, or a new one (remembered before it is read)."""
+        engine, key, c = self._engine, PIPE_SETTING.format(name=self.name), self.config
+        pipe = await engine.setting(key) or None  # "": forgotten
+        wanted = (c.remote, c.address, tuple(sorted(c.headers)))
+        if pipe is not None:
+            joins = await remote.pipe_joins(pipe)
+            if joins is None:
+                pipe = None
+            elif not any((f, a, tuple(sorted(h))) == wanted for f, a, h in joins):
+                await remote.create_join(pipe, c.remote, c.address, c.headers)
+        if pipe is None:
+            title = f"federation {self._gateway_id}/{self.name}"
+            pipe = await remote.create_pipe(c.remote, title)
+            await engine.keep_setting(key, pipe)
+            await remote.create_join(pipe, c.remote, c.address, c.headers)
+        return pipe
+
+    async def _forget_remote_pipe(self) -> None:
+        with contextlib.suppress(RestMSError):
+            await self._engine.keep_setting(PIPE_SETTING.format(name=self.name), "")
+
+    async def _take_in(self, pipe: str, read: list[tuple[int, MessageSpec]]) -> None:
+        """Publish what was read from the remote ``pipe`` into the local feed (those
+        that may come here). A message without a ``message_id`` is named by its place
+        in that pipe, so a read again after a crash is recognised as a repeat."""
+        remote_id = self._remote_id or urllib.parse.urlsplit(self.config.remote).netloc
+        pipe_name = pipe.rstrip("/").rpartition("/")[2]
+        batch: list[tuple[int, MessageSpec]] = []
+        for position, spec in read:
+            headers = onward(
+                spec.headers, own=remote_id, feed=self._remote_feed, remote=self._gateway_id,
+                max_hops=self.config.max_hops,
+            )  # fmt: skip
+            if headers is None:
+                self.counters.looped += 1
+                continue
+            stamp = f"{pipe_name}.{position}"
+            props = with_origin_id(spec.props, own=remote_id, feed=self._remote_feed, stamp=stamp)
+            arriving = MessageSpec(
+                address=spec.address, props=props, headers=headers, contents=spec.contents
+            )
+            batch.append((position, arriving))
+        refused: list[tuple[int, str]] = []
+        kept = {position: spec for position, spec in batch}
+        await self._absorb(
+            batch, lambda done, counts: None, lambda p, why: refused.append((p, why))
+        )
+        for position, why in refused:
+            await self._refused_here(kept[position], why)
+
+    async def _refused_here(self, spec: MessageSpec, why: str) -> None:
+        """A pulled message this gateway will not take goes to the dead-letter feed."""
+        feed = self.config.dead_letter or self._host.dead_letter_feed
+        if not feed:
+            self.counters.discarded += 1
+            self.health.error(f"a refused message was discarded (no dead-letter feed): {why}")
+            return
+        headers = (("x-death-reason", "rejected"), ("x-bridge", self.name), ("x-bridge-error", why))
+        letter = MessageSpec(
+            address=spec.address,
+            props=spec.props,
+            headers=headers + spec.headers,
+            contents=spec.contents,
+        )
+        try:
+            await self._engine.publish(self._owner, feed, [letter], via=self.name)
+        except RestMSError as exc:
+            self.counters.discarded += 1
+            self.health.error(f"a refused message was discarded ({exc}): {why}")
+        else:
+            self.counters.dead_lettered += 1
+
+    async def _ack_remote(self, remote: Remote, pipe: str, position: int) -> bool:
+        """Acknowledge up to ``position`` on the remote, retrying while it is away;
+        False when the link stops first (the messages are read and published again,
+        and the feed's message_id window absorbs them)."""
+        attempt = 0
+        while not self._stopping:
+            try:
+                await remote.ack(pipe, position)
+                return True
+            except PipeGone:
+                return True  # what it held went with it; a new pipe is made next
+            except RemoteError as exc:
+                attempt += 1
+                self.counters.retried += 1
+                await self._failed(exc, attempt)
+        return False
