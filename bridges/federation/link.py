@@ -39,7 +39,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from feeds.service import Blob, Message
+from feeds.service import Blob, Cursor, Message
 from restms.errors import RestMSError
 from restms.specs import EmbeddedContent, MessageSpec, PipeSpec
 
@@ -50,6 +50,9 @@ from .remote import Auth, PipeGone, Refused, Remote, RemoteError, Unavailable
 from .trail import onward, with_origin_id
 
 log = logging.getLogger(__name__)
+
+# messages taken from the link's pipe, and what the remote is sent of each
+Batch = tuple[list[Message], list[tuple[Message, MessageSpec]]]
 
 PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
 # Refusals that say nothing of the message: the remote feed is not there, or the link
@@ -237,39 +240,68 @@ class FederationLink(PipeSide, PublishSide[int]):
 
     # ------------------------------------------------------------ push
     async def _push(self) -> None:
-        attempt = 0
         if not await self._reach():
             return
+        ahead: Batch | None = None  # the next batch, made ready while one was sent
+        taken_from: Cursor | None = None  # the cursor ``ahead`` was taken through
         while not self._stopping:
             cursor = await self._ready_pipe()
+            if cursor is None or cursor is not taken_from:
+                ahead = None  # the pipe was opened again: its cursor starts anew
             if cursor is None:
                 continue
-            batch = await self._batch(cursor, self.config.batch)
-            self._oldest = batch[0].arrived if batch else None
-            if not batch:
+            current, ahead = ahead or await self._prepare(cursor), None
+            self._oldest = current[0][0].arrived if current else None
+            if current is None:
                 await self._idle(cursor, self.config.batch)
                 continue
-            outgoing: list[tuple[Message, MessageSpec]] = []
-            for message in batch:
-                spec = self._outgoing(message)
-                if spec is None:
-                    self.counters.looped += 1
-                else:
-                    outgoing.append((message, spec))
-            while outgoing and not self._stopping:
-                try:
-                    outgoing = await self._send(outgoing)
-                except RemoteError as exc:
-                    attempt += 1
-                    self.counters.retried += 1
-                    await self._failed(exc, attempt)
-                    continue
-                attempt = 0
-            if self._stopping:
-                return
+            batch, outgoing = current
+            # The remote works on this batch while the next is taken and converted here;
+            # the next is sent only once this one is through, so the order holds.
+            sending = asyncio.ensure_future(self._deliver(outgoing))
+            try:
+                ahead, taken_from = await self._prepare(cursor), cursor
+            except BaseException:  # stopped (cancelled): the request goes too
+                sending.cancel()
+                raise
+            delivered = await sending
+            if not delivered:
+                return  # stopping: what was taken is taken again after a restart
             self.counters.acked += len(batch)
             self._after = batch[-1].position
             await self._ack_upto(self._after)
+
+    async def _prepare(self, cursor: Cursor) -> Batch | None:
+        """The next messages of the pipe (None: none now), with what the remote is to
+        be sent of each (those that must not travel are counted and left out)."""
+        try:
+            batch = await self._batch(cursor, self.config.batch)
+        except RestMSError as exc:  # the pipe went, or the engine cannot answer now
+            self.health.error(f"cannot read the link's pipe: {exc}")
+            self._look = True
+            return None
+        if not batch:
+            return None
+        outgoing = []
+        for message in batch:
+            spec = self._outgoing(message)
+            if spec is None:
+                self.counters.looped += 1
+            else:
+                outgoing.append((message, spec))
+        return batch, outgoing
+
+    async def _deliver(self, outgoing: list[tuple[Message, MessageSpec]]) -> bool:
+        """Send ``outgoing`` until the remote has all of it; False when stopping first."""
+        attempt = 0
+        while outgoing and not self._stopping:
+            try:
+                outgoing = await self._send(outgoing)
+            except RemoteError as exc:
+                attempt += 1
+                self.counters.retried += 1
+                await self._failed(exc, attempt)
+        return not self._stopping
 
     def _outgoing(self, message: Message) -> MessageSpec | None:
         """The message as the remote is sent it, or None when it must not travel."""
