@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -169,13 +170,15 @@ class Server:
         root: Path = ROOT,
         name: str | None = None,
         port: int = 0,
+        extra: tuple[str, ...] = (),
     ) -> None:
         """``data_dir``: use (and keep) this data directory instead of a fresh one;
         ``wrap``: a script (and its arguments) that runs the server script for us;
         ``root``: the checkout whose gateway runs (another commit's worktree, say: it
         runs on this checkout's virtualenv); ``name``: of the log file, when several
         servers of one kind run at once (``kind`` by default); ``port``: a gateway's
-        fixed port (0: one the system picks)."""
+        fixed port (0: one the system picks); ``extra``: more arguments for a gateway's
+        ``main.py serve`` (``--config FILE``)."""
         self.kind = kind
         self.port = 0
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -193,6 +196,7 @@ class Server:
                 str(port),
                 "--data-dir",
                 self.data_dir,
+                *extra,
             ]
         elif kind == "bare":
             argv = [PYTHON, str(BENCH / "bare_server.py"), "--host", HOST, "--port", "0"]
@@ -251,6 +255,13 @@ class Server:
         if not self.keep:
             subprocess.run(["rm", "-rf", self.data_dir], check=False)
         return self.proc.returncode
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (a server given it binds it a moment later)."""
+    with socket.socket() as probe:
+        probe.bind((HOST, 0))
+        return int(probe.getsockname()[1])
 
 
 def start(

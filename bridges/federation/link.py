@@ -242,30 +242,17 @@ class FederationLink(PipeSide, PublishSide[int]):
     async def _push(self) -> None:
         if not await self._reach():
             return
-        ahead: Batch | None = None  # the next batch, made ready while one was sent
-        taken_from: Cursor | None = None  # the cursor ``ahead`` was taken through
         while not self._stopping:
             cursor = await self._ready_pipe()
-            if cursor is None or cursor is not taken_from:
-                ahead = None  # the pipe was opened again: its cursor starts anew
             if cursor is None:
                 continue
-            current, ahead = ahead or await self._prepare(cursor), None
+            current = await self._prepare(cursor)
             self._oldest = current[0][0].arrived if current else None
             if current is None:
                 await self._idle(cursor, self.config.batch)
                 continue
             batch, outgoing = current
-            # The remote works on this batch while the next is taken and converted here;
-            # the next is sent only once this one is through, so the order holds.
-            sending = asyncio.ensure_future(self._deliver(outgoing))
-            try:
-                ahead, taken_from = await self._prepare(cursor), cursor
-            except BaseException:  # stopped (cancelled): the request goes too
-                sending.cancel()
-                raise
-            delivered = await sending
-            if not delivered:
+            if not await self._deliver(outgoing):
                 return  # stopping: what was taken is taken again after a restart
             self.counters.acked += len(batch)
             self._after = batch[-1].position

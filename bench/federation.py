@@ -1,0 +1,281 @@
+"""Federation link throughput and latency, against publishing to the remote directly.
+
+Two gateways on 127.0.0.1: B, and A with a push link of its ``news`` feed to B's
+(docs/FEDERATION.md). Each round, in alternating order:
+
+- **direct**: ``--count`` messages published to B's feed in ``--batch``-message JSON
+  documents, one request at a time, into a pipe on B; the rate is the count over the
+  time until the last publish was answered.
+- **link**: the same published to A's feed while B is stopped, so they wait in the
+  link's pipe; then B is started again, and the rate is the messages the link
+  delivers over the time from its first acknowledgement by B to its last (the link's
+  own pace, not A's: publishing to A waits for A's disk, as the link's pipe is durable).
+- **end to end**: the same published to A's feed with B up; the rate is the count over
+  the time from the first publish until A's link has had the last one acknowledged.
+
+Then ``--latency`` single messages, one at a time, from a publish (to A, or to B
+directly) until a GET waiting on the asynclet of a pipe on B returns it: p50 and p99.
+
+    .venv/bin/python -m bench.federation [--rounds 3] [--count 20000] [--batch 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import uvloop
+
+from bench.common import (
+    RESULTS,
+    Server,
+    free_port,
+    log,
+    machine,
+    payload,
+    percentile,
+    stop_all,
+)
+
+HEADERS = {"Content-Type": "application/restms+json", "Accept": "application/restms+json"}
+
+
+def configs(directory: Path, b_port: int) -> tuple[Path, Path]:
+    feed = '[[feeds]]\nname = "news"\ntype = "topic"\n'
+    common = 'metrics_access = "loopback"\nmax_pipe_messages = 1000000\n'
+    b = directory / "b.toml"
+    b.write_text(f'gateway_id = "bench-b"\n{common}\n{feed}', encoding="utf-8")
+    a = directory / "a.toml"
+    remote = f"http://127.0.0.1:{b_port}/restms/feed/news"
+    link = (
+        '\n[[bridges]]\nkind = "federation"\nname = "to-b"\ndirection = "out"\n'
+        f'feed = "news"\naddress = "#"\nremote = "{remote}"\nbatch = 500\n'
+        "max_messages = 1000000\nretry_min = 0.05\nretry_max = 0.2\n"
+    )
+    a.write_text(f'gateway_id = "bench-a"\n{common}\n{feed}{link}', encoding="utf-8")
+    return a, b
+
+
+def documents(count: int, batch: int, tag: str, ids: bool = False) -> list[bytes]:
+    """The publish documents of ``count`` 1 KiB messages; with ``ids``, each has a
+    ``message_id`` (as every message a link sends has)."""
+    text = payload(tag=tag)
+    out = []
+    for start in range(0, count, batch):
+        size = min(batch, count - start)
+        messages = [
+            {"address": "news.bench", "content": [{"value": text}]}
+            | ({"message_id": f"{tag}-{start + i}"} if ids else {})
+            for i in range(size)
+        ]
+        out.append(orjson.dumps({"restms": {"message": messages}}))
+    return out
+
+
+async def reader(http: aiohttp.ClientSession, base: str) -> str:
+    async with http.post(f"{base}/restms/domain/default", data=b'{"restms":{"pipe":[{}]}}',
+                         headers=HEADERS) as r:  # fmt: skip
+        assert r.status == 201, await r.text()
+        pipe = r.headers["Location"]
+    join = {"restms": {"join": [{"feed": f"{base}/restms/feed/news", "address": "#"}]}}
+    async with http.post(pipe, data=orjson.dumps(join), headers=HEADERS) as r:
+        assert r.status == 201, await r.text()
+    return str(pipe)
+
+
+async def acked(http: aiohttp.ClientSession, base: str) -> float:
+    async with http.get(f"{base}/metrics") as r:
+        for line in (await r.text()).splitlines():
+            if line.startswith('restms_bridge_acked_total{bridge="to-b"}'):
+                return float(line.rpartition(" ")[2])
+    return 0.0
+
+
+async def publish_all(http: aiohttp.ClientSession, feed: str, docs: list[bytes]) -> None:
+    for body in docs:
+        async with http.post(feed, data=body, headers=HEADERS) as r:
+            if r.status != 200:
+                raise RuntimeError(f"publish answered {r.status}: {await r.text()}")
+            await r.read()
+
+
+async def throughput(
+    http: aiohttp.ClientSession, a: str, b: Remote, side: str, count: int, batch: int, ids: bool
+) -> float:
+    pipe = await reader(http, b.url)
+    docs = documents(count, batch, secrets.token_hex(4), ids)
+    try:
+        if side == "direct":
+            started = time.perf_counter()
+            await publish_all(http, f"{b.url}/restms/feed/news", docs)
+            return count / (time.perf_counter() - started)
+        before = await acked(http, a)
+        if side == "end_to_end":
+            started = time.perf_counter()
+            await publish_all(http, f"{a}/restms/feed/news", docs)
+            await until_acked(http, a, before + count)
+            return count / (time.perf_counter() - started)
+        await asyncio.to_thread(b.stop)
+        await publish_all(http, f"{a}/restms/feed/news", docs)
+        await asyncio.to_thread(b.start)
+        first = await moved(http, a, before)
+        started = time.perf_counter()
+        await until_acked(http, a, before + count)
+        return (before + count - first) / (time.perf_counter() - started)
+    finally:
+        async with http.delete(pipe) as r:
+            await r.read()
+
+
+async def moved(http: aiohttp.ClientSession, a: str, before: float) -> float:
+    """The link's acknowledged count once it is past ``before`` (B is back)."""
+    for _ in range(6000):  # 30 s
+        now = await acked(http, a)
+        if now > before:
+            return now
+        await asyncio.sleep(0.005)
+    raise RuntimeError("the link sent nothing in 30 s after B came back")
+
+
+async def until_acked(http: aiohttp.ClientSession, a: str, total: float) -> None:
+    deadline = time.perf_counter() + 300
+    while await acked(http, a) < total:
+        if time.perf_counter() > deadline:
+            raise RuntimeError("the link did not deliver everything in 300 s")
+        await asyncio.sleep(0.005)
+
+
+class Remote:
+    """Gateway B, stopped and started again on its port and data directory."""
+
+    def __init__(self, port: int, config: Path, data: Path) -> None:
+        self.port, self.config, self.data = port, config, data
+        self.server: Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        extra = ("--config", str(self.config))
+        self.server = Server(
+            "gateway", data_dir=str(self.data), name="federation-b", port=self.port, extra=extra
+        )
+        self.server.wait_ready()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+async def latency(
+    http: aiohttp.ClientSession, a: str, b: str, side: str, count: int
+) -> list[float]:
+    pipe = await reader(http, b)
+    target = f"{b if side == 'direct' else a}/restms/feed/news"
+    samples = []
+    try:
+        async with http.get(pipe, headers=HEADERS) as r:
+            listed = orjson.loads(await r.read())["restms"]["pipe"][0]["message"]
+        asynclet = next(m["href"] for m in listed if m.get("async") == "1")
+        position = int(asynclet.rpartition(".")[2])
+        message = {"address": "news.lat", "content": [{"value": "x"}]}
+        body = orjson.dumps({"restms": {"message": [message]}})
+        for _ in range(count):
+            url = f"{pipe}.{position}"
+            waiting = asyncio.ensure_future(http.get(url, headers=HEADERS))
+            await asyncio.sleep(0.002)  # the GET is waiting before the publish
+            started = time.perf_counter()
+            async with http.post(target, data=body, headers=HEADERS) as r:
+                await r.read()
+            async with await waiting as got:
+                await got.read()
+                assert got.status == 200, got.status
+            samples.append((time.perf_counter() - started) * 1000)
+            async with http.delete(url) as r:
+                await r.read()
+            position += 1
+    finally:
+        async with http.delete(pipe) as r:
+            await r.read()
+    return samples
+
+
+SIDES = ("direct", "link", "end_to_end")
+
+
+async def run(args: argparse.Namespace, a: str, b: Remote) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {side: [] for side in SIDES}
+    lat: dict[str, list[float]] = {"direct": [], "link": []}
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
+        await throughput(http, a, b, "end_to_end", 2000, args.batch, args.ids)  # warm-up
+        for n in range(args.rounds):
+            order = SIDES if n % 2 == 0 else SIDES[::-1]
+            for side in order:
+                rate = await throughput(http, a, b, side, args.count, args.batch, args.ids)
+                rates[side].append(rate)
+                log(f"  round {n + 1}/{args.rounds} {side:10s} {rate:,.0f} msg/s")
+            for side in ("direct", "link") if n % 2 == 0 else ("link", "direct"):
+                lat[side].extend(await latency(http, a, b.url, side, args.latency))
+    return {
+        "rates": rates,
+        "ratio_median": {
+            side: statistics.median(
+                x / d for x, d in zip(rates[side], rates["direct"], strict=True)
+            )
+            for side in ("link", "end_to_end")
+        },
+        "latency_ms": {
+            side: {"p50": percentile(values, 50), "p99": percentile(values, 99)}
+            for side, values in lat.items()
+        },
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--latency", type=int, default=200)
+    parser.add_argument(
+        "--ids", action="store_true", help="every message published has a message_id"
+    )
+    args = parser.parse_args()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    b_port = free_port()
+    directory = Path(RESULTS / f"federation-{secrets.token_hex(3)}")
+    directory.mkdir()
+    a_conf, b_conf = configs(directory, b_port)
+    b = Remote(b_port, b_conf, directory / "b-data")
+    b.start()
+    a = Server("gateway", name="federation-a", extra=("--config", str(a_conf))).wait_ready()
+    try:
+        out = uvloop.run(run(args, a.base, b))
+    finally:
+        stop_all()
+    out["machine"] = machine()
+    out["args"] = vars(args)
+    print(json.dumps(out, indent=1))
+    ratios = out["ratio_median"]
+    log(
+        f"against direct (medians of {args.rounds}): link {ratios['link']:.2f}, "
+        f"end to end {ratios['end_to_end']:.2f}; latency p50 "
+        f"link {out['latency_ms']['link']['p50']:.2f} ms, "
+        f"direct {out['latency_ms']['direct']['p50']:.2f} ms"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
