@@ -2,7 +2,7 @@
 
     .venv/bin/python -m bench.cluster [--only engines,cross_node,pipes,workers]
                                       [--rounds N] [--duration S] [--latency-count N]
-                                      [--pipes N]
+                                      [--pipes N] [--base COMMIT]
 
 Every figure is compared with a baseline measured in the same run, in alternating
 order (ABBA), because the machine is shared and its load drifts:
@@ -22,6 +22,11 @@ order (ABBA), because the machine is shared and its load drifts:
   efficiency per CPU-second is the figure to watch; on more cores the same run shows
   the total scaling.
 
+With ``--base COMMIT``, ``engines`` and ``cross_node`` also run the Redis engine's
+gateways of that commit (a git worktree, as :mod:`bench.compare` makes) in the same
+rounds, the sides' order turning each round, and report current/base ratios: a change
+is measured against what it changes in one run.
+
 Needs the project's cluster (``scripts/cluster up``: it is started if it is not up).
 Each gateway runs on a namespace of its own, deleted afterwards. The raw samples go to
 ``bench/results/cluster-<time>.json``.
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -39,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -113,13 +119,42 @@ def ratio(current: float | None, base: float | None) -> float | None:
     return current / base if current is not None and base else None
 
 
+@contextlib.contextmanager
+def base_root(args: argparse.Namespace) -> Iterator[Path | None]:
+    """The worktree of ``--base`` (None without it), removed at exit."""
+    if not args.base:
+        yield None
+        return
+    from bench.compare import worktree
+
+    with worktree(args.base) as path:
+        yield path
+
+
+def turned(sides: list[str], round_no: int) -> list[str]:
+    """The sides' order in a round: each goes first in turn, and the order reverses
+    every other round (ABBA for two sides)."""
+    shift = round_no // 2 % len(sides)
+    order = sides[shift:] + sides[:shift]
+    return order[::-1] if round_no % 2 else order
+
+
 # ---------------------------------------------------------------- engines
 def engines(args: argparse.Namespace) -> dict[str, Any]:
+    with base_root(args) as base:
+        return _engines(args, base)
+
+
+def _engines(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     namespace = f"bench-{secrets.token_hex(4)}"
     servers = {
         "embedded": start("gateway", env=embedded_env(), name="gateway-embedded"),
         "redis": start("gateway", env=redis_env(namespace), name="gateway-redis"),
     }
+    if base is not None:  # on a namespace of its own: no news of the other's feeds
+        servers["redis_base"] = start(
+            "gateway", env=redis_env(f"{namespace}-base"), root=base, name="gateway-redis-base"
+        )
     cases = ("single", "batch_xml")
     samples: dict[str, dict[str, list[dict[str, Any]]]] = {
         case: {side: [] for side in servers} for case in cases
@@ -136,10 +171,8 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
             serial = 0
             for round_no in range(args.rounds):
                 for case in cases:
-                    order = list(servers.items())
-                    if round_no % 2:
-                        order.reverse()
-                    for side, server in order:
+                    for side in turned(list(servers), round_no):
+                        server = servers[side]
                         serial += 1
                         before = redis_cpu()
                         result = throughput.measure(
@@ -148,7 +181,7 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
                         result["redis_cpu_s"] = redis_cpu() - before
                         samples[case][side].append(result)
                         log(
-                            f"  round {round_no + 1}/{args.rounds} {case:9s} {side:8s} "
+                            f"  round {round_no + 1}/{args.rounds} {case:9s} {side:10s} "
                             f"{result['msg_per_s']:9.0f} msg/s "
                             f"gateway_cpu={result['server_cpu_util']:.2f} "
                             f"redis_cpu={result['redis_cpu_s'] / args.duration:.2f}"
@@ -157,6 +190,8 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
         for server in servers.values():
             server.stop()
         uvloop.run(forget(namespace))
+        if base is not None:
+            uvloop.run(forget(f"{namespace}-base"))
     summary = {}
     for case in cases:
         medians = {side: median([r["msg_per_s"] for r in samples[case][side]]) for side in servers}
@@ -167,45 +202,72 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
                 side: median([r["server_cpu_util"] for r in samples[case][side]])
                 for side in servers
             },
-            "redis_cpu_util": median(
-                [r["redis_cpu_s"] / args.duration for r in samples[case]["redis"]]
-            ),
+            "redis_cpu_util": {
+                side: median([r["redis_cpu_s"] / args.duration for r in samples[case][side]])
+                for side in servers
+                if side != "embedded"
+            },
         }
+        if base is not None:
+            summary[case]["ratio_base_to_embedded"] = ratio(
+                medians["redis_base"], medians["embedded"]
+            )
+            summary[case]["ratio_current_to_base"] = ratio(medians["redis"], medians["redis_base"])
     return {"summary": summary, "samples": samples}
 
 
 # ---------------------------------------------------------------- cross-node latency
 def cross_node(args: argparse.Namespace) -> dict[str, Any]:
+    with base_root(args) as base:
+        return _cross_node(args, base)
+
+
+def _cross_node(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     namespace = f"bench-{secrets.token_hex(4)}"
-    a = start("gateway", env=redis_env(namespace), name="gateway-node-a")
-    b = start("gateway", env=redis_env(namespace), name="gateway-node-b")
+    pairs = {
+        "a_to_b": (
+            start("gateway", env=redis_env(namespace), name="gateway-node-a"),
+            start("gateway", env=redis_env(namespace), name="gateway-node-b"),
+        )
+    }
+    if base is not None:  # the base's nodes on a namespace of their own
+        other = f"{namespace}-base"
+        pairs["a_to_b_base"] = (
+            start("gateway", env=redis_env(other), root=base, name="gateway-node-a-base"),
+            start("gateway", env=redis_env(other), root=base, name="gateway-node-b-base"),
+        )
     embedded = start("gateway", env=embedded_env(), name="gateway-embedded")
-    runs: dict[str, list[dict[str, Any]]] = {"a_to_b": [], "embedded": []}
+    runs: dict[str, list[dict[str, Any]]] = {side: [] for side in [*pairs, "embedded"]}
     try:
         for round_no in range(args.rounds):
-            order = ["a_to_b", "embedded"] if round_no % 2 == 0 else ["embedded", "a_to_b"]
-            for side in order:
+            for side in turned(list(runs), round_no):
                 feed = f"lat{round_no}{side.replace('_', '')}"
-                if side == "a_to_b":
+                if side in pairs:
+                    a, b = pairs[side]
                     result = latency.gateway_run(b, args.latency_count, feed, publisher=a)
                 else:
                     result = latency.gateway_run(embedded, args.latency_count, feed)
                 runs[side].append(result)
-                log(f"  round {round_no + 1}/{args.rounds} {side:8s} p50={result['p50_ms']:.2f} ms")
+                log(
+                    f"  round {round_no + 1}/{args.rounds} {side:11s} "
+                    f"p50={result['p50_ms']:.2f} ms p99={result['p99_ms']:.2f} ms"
+                )
     finally:
-        for server in (a, b, embedded):
+        for server in [*(s for pair in pairs.values() for s in pair), embedded]:
             server.stop()
         uvloop.run(forget(namespace))
+        if base is not None:
+            uvloop.run(forget(f"{namespace}-base"))
     p50 = {side: median([r["p50_ms"] for r in results]) for side, results in runs.items()}
     p99 = {side: median([r["p99_ms"] for r in results]) for side, results in runs.items()}
-    return {
-        "summary": {
-            "p50_ms": p50,
-            "p99_ms": p99,
-            "ratio_p50": ratio(p50["a_to_b"], p50["embedded"]),
-        },
-        "samples": runs,
+    summary: dict[str, Any] = {
+        "p50_ms": p50,
+        "p99_ms": p99,
+        "ratio_p50": ratio(p50["a_to_b"], p50["embedded"]),
     }
+    if base is not None:
+        summary["ratio_p50_current_to_base"] = ratio(p50["a_to_b"], p50["a_to_b_base"])
+    return {"summary": summary, "samples": runs}
 
 
 # ---------------------------------------------------------------- memory per pipe
@@ -367,6 +429,9 @@ def main() -> int:
     parser.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
     parser.add_argument("--latency-count", type=int, default=500, help="samples per round")
     parser.add_argument("--pipes", type=int, default=100_000)
+    parser.add_argument(
+        "--base", help="a commit whose Redis engine runs beside this one (engines, cross_node)"
+    )
     args = parser.parse_args()
     chosen = [part.strip() for part in args.only.split(",") if part.strip()]
     unknown = sorted(set(chosen) - set(PARTS))
