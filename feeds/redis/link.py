@@ -2,9 +2,10 @@
 library, a write made durable with ``WAIT``, and sharded pub/sub.
 
 Every command the engine sends names the key (or hash tag) whose slot it runs in, and
-goes to that slot's master on one pooled connection, with any ``WAIT`` after it on
-the same connection: ``WAIT`` counts the replicas that have this connection's writes,
-so sent on another connection it would confirm nothing. Redis errors become the
+goes to that slot's master on the connection all callers share; a durable write goes
+on a connection of its own with its ``WAIT`` right after it: ``WAIT`` counts the
+replicas that have this connection's writes, so sent on another connection it would
+confirm nothing. Redis errors become the
 engine's: a connection lost, a failover, a refused write (``NOREPLICAS``,
 ``READONLY``, ``CLUSTERDOWN``) is :class:`~restms.errors.ServiceUnavailable` (or, for
 a write the caller must not report, :class:`~restms.errors.NotCommitted`), never a
@@ -16,15 +17,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
+import hiredis
 import redis
 from redis import exceptions as rex
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.driver_info import DriverInfo
 
@@ -38,6 +43,19 @@ FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 _MOVED = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError)
 _DOWN = (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, rex.RedisClusterException)
 RETRY_AFTER = 1
+SOCKET_TIMEOUT = 5.0  # seconds a master may take to answer before it counts as gone
+# Bytes past which a batch goes on a connection of its own: Redis reads 16 KiB of a
+# connection at a time, so large batches (a 100-message publish) sharing one would be
+# read one after the other, a slice a turn of its loop.
+ALONE = 16 * 1024
+# An error reply's first word -> the redirection or refusal it is (hiredis gives every
+# error reply as a plain ResponseError).
+_ERRORS: dict[str, type[rex.ResponseError]] = {
+    "MOVED": rex.MovedError,
+    "ASK": rex.AskError,
+    "TRYAGAIN": rex.TryAgainError,
+    "CLUSTERDOWN": rex.ClusterDownError,
+}
 # Given, so that redis-py does not look its version up in the package metadata (a file
 # read) each time a client is made on the event loop.
 DRIVER = DriverInfo(name="restms", lib_version=redis.__version__)
@@ -66,17 +84,149 @@ class Unconfirmed(NotCommitted):
         self.results = results
 
 
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """Commands in the protocol's form (hiredis packs them)."""
+    if len(commands) == 1:
+        return cast("bytes", hiredis.pack_command(commands[0]))
+    return b"".join(map(hiredis.pack_command, commands))
+
+
+class Wire(asyncio.Protocol):
+    """One connection to one master, carrying many callers' commands at once: each
+    batch is written whole as it comes, its replies are parsed by hiredis and matched
+    to it in order. A reply later than ``timeout`` (a silent master) ends the
+    connection, and every batch waiting on it fails with a timeout; a lost connection
+    fails them with a connection error."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader(replyError=rex.ResponseError)
+        # Per batch sent and not yet answered: its future, how many replies it waits
+        # for, those come so far, and when it was sent.
+        self.waiting: deque[tuple[asyncio.Future[list[Any]], int, list[Any], float]] = deque()
+        self.broken: BaseException | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._out: list[bytes] = []  # written once the callers of this turn of the loop sent
+
+    @classmethod
+    async def open(cls, host: str, port: int, credentials: dict[str, Any], timeout: float) -> Wire:
+        loop = asyncio.get_running_loop()
+        tls = ssl.create_default_context() if credentials.get("connection_class") else None
+        try:
+            async with asyncio.timeout(timeout):
+                _transport, wire = await loop.create_connection(
+                    lambda: cls(timeout), host, port, ssl=tls
+                )
+                password = credentials.get("password")
+                if password is not None:
+                    user = credentials.get("username") or "default"
+                    (reply,) = await wire.send(pack([("AUTH", user, password)]), 1)
+                    if isinstance(reply, Exception):
+                        wire.close()
+                        raise reply
+        except (OSError, TimeoutError) as exc:
+            raise rex.ConnectionError(f"{host}:{port}: {exc}") from exc
+        return wire
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes, count: int) -> asyncio.Future[list[Any]]:
+        """Write ``count`` packed commands (:func:`pack`); the future of their replies,
+        in order (an error reply is a :class:`redis.exceptions.ResponseError` in its
+        place)."""
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        if self.broken is not None or self.transport is None:
+            future.set_exception(rex.ConnectionError("the connection to the master is gone"))
+            return future
+        now = self._loop.time()
+        self.waiting.append((future, count, [], now))
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(now + self.timeout, self._watch)
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(data)
+        return future
+
+    def _flush(self) -> None:
+        """One write (and one read on the server's side) for the batches of many
+        callers: under load, a system call a batch was most of a command's cost."""
+        out, self._out = self._out, []
+        if self.transport is not None and self.broken is None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        waiting = self.waiting
+        while (reply := reader.gets()) is not False:
+            if not waiting:
+                self._fail(rex.ConnectionError("a reply nothing was sent for"))
+                return
+            future, count, replies, _sent = waiting[0]
+            replies.append(reply)
+            if len(replies) == count:
+                waiting.popleft()
+                if not future.done():  # (its caller may have given up)
+                    future.set_result(replies)
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        if not self.waiting or self.broken is not None:
+            return
+        due = self.waiting[0][3] + self.timeout
+        if self._loop.time() >= due:
+            self._fail(rex.TimeoutError(f"no answer from the master in {self.timeout} s"))
+        else:
+            self._watchdog = self._loop.call_at(due, self._watch)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(rex.ConnectionError(f"the connection to the master was lost: {exc}"))
+
+    def _fail(self, error: BaseException) -> None:
+        if self.broken is None:
+            self.broken = error
+        if self.transport is not None:
+            self.transport.abort()
+        waiting, self.waiting = self.waiting, deque()
+        for future, _count, _replies, _sent in waiting:
+            if not future.done():
+                future.set_exception(self.broken)
+
+    def close(self) -> None:
+        self._fail(rex.ConnectionError("closed"))
+
+
 class Link:
-    """One engine's connections to the cluster."""
+    """One engine's connections to the cluster.
+
+    redis-py's cluster client knows the cluster's layout (which master serves which
+    slot, read again after a redirection or a lost master) and loads the library; the
+    commands themselves go on the engine's own connections (:class:`Wire`): one per
+    master that every caller shares, its batches written as they come, and, for a
+    batch with ``WAIT`` or a large one, one of its own for as long as the batch takes
+    (``WAIT`` holds its connection until a replica answers: on the shared one it
+    would hold every other caller's commands too; see ALONE for the large).
+    """
 
     def __init__(self, url: str, replicas: int = 1, wait_ms: int = 1000):
         self.cluster = RedisCluster.from_url(
             url,
             decode_responses=False,
             driver_info=DRIVER,
-            socket_timeout=5.0,
-            socket_connect_timeout=5.0,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
         )
+        self.callbacks = self.cluster.response_callbacks  # (SET's True, XRANGE's dicts)
+        self._shared: dict[str, Wire] = {}  # "host:port" -> the connection all share
+        # "host:port" -> idle connections for a batch alone (WAIT, or large)
+        self._spare: dict[str, list[Wire]] = {}
+        self._opening: dict[str, asyncio.Task[Wire]] = {}
         # How every master is reached besides its address (user, password, TLS): the
         # subscriber's own connections need them too.
         self.credentials: dict[str, Any] = {
@@ -103,14 +253,63 @@ class Link:
             raise unavailable(exc, write=False) from exc
 
     async def close(self) -> None:
+        for task in self._opening.values():
+            task.cancel()
+        for wire in [*self._shared.values(), *(w for s in self._spare.values() for w in s)]:
+            wire.close()
+        self._shared.clear()
+        self._spare.clear()
         with contextlib.suppress(rex.RedisError):
             await self.cluster.aclose()
 
     def node(self, key: str) -> ClusterNode:
-        node = self.cluster.get_node_from_key(key)
+        try:
+            node = self.cluster.get_node_from_key(key)
+        except rex.RedisClusterException:
+            node = None
         if node is None:
             raise ServiceUnavailable("no node serves that slot now", retry_after=RETRY_AFTER)
         return node
+
+    async def _wire(self, host: str, port: int) -> Wire:
+        """The shared connection to a master, opened once however many ask at once."""
+        name = f"{host}:{port}"
+        wire = self._shared.get(name)
+        if wire is not None and wire.broken is None:
+            return wire
+        task = self._opening.get(name)
+        if task is None:
+            task = asyncio.ensure_future(Wire.open(host, port, self.credentials, SOCKET_TIMEOUT))
+            self._opening[name] = task
+            task.add_done_callback(lambda _task: self._opening.pop(name, None))
+        wire = await asyncio.shield(task)
+        self._shared[name] = wire
+        return wire
+
+    async def _send(
+        self, host: str, port: int, commands: list[tuple[Any, ...]], durable: bool
+    ) -> list[Any]:
+        if durable:
+            commands = [*commands, ("WAIT", self.replicas, self.wait_ms)]
+        data = pack(commands)
+        if not durable and len(data) <= ALONE:
+            wire = self._shared.get(f"{host}:{port}")
+            if wire is None or wire.broken is not None:
+                wire = await self._wire(host, port)
+            return await wire.send(data, len(commands))
+        name = f"{host}:{port}"
+        spare = self._spare.get(name)
+        if spare:
+            wire = spare.pop()
+        else:
+            wire = await Wire.open(host, port, self.credentials, SOCKET_TIMEOUT)
+        try:
+            return await wire.send(data, len(commands))
+        finally:
+            if wire.broken is None and not wire.waiting:
+                self._spare.setdefault(name, []).append(wire)
+            else:
+                wire.close()  # (a caller that gave up leaves its WAIT behind: not reused)
 
     async def call(self, key: str, *args: Any, write: bool = False, durable: bool = False) -> Any:
         """One command in ``key``'s slot; with ``durable``, answered once a replica has
@@ -123,25 +322,33 @@ class Link:
         """Commands in ``key``'s slot, on one connection, in order."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        asking: tuple[str, int] | None = None
         for attempt in (0, 1):
-            node = self.node(key)
-            sent = [PipelineCommand(i, *args) for i, args in enumerate(commands)]
-            if durable:
-                sent.append(PipelineCommand(len(sent), "WAIT", self.replicas, self.wait_ms))
+            if asking is None:
+                node = self.node(key)
+                host, port, sent = node.host, int(node.port), commands
+            else:  # the slot is on its way to another master, which takes this one
+                (host, port), sent = asking, [c for args in commands for c in (("ASKING",), args)]
             try:
-                await node.execute_pipeline(sent)
+                results = await self._send(host, port, sent, durable)
             except _DOWN as exc:
                 await self._refresh()
                 if write or attempt:
                     self._failed(durable)
                     raise unavailable(exc, write) from exc
                 continue
-            results = [command.result for command in sent]
+            if asking is not None:
+                results = results[1::2] if not durable else [*results[1:-1:2], results[-1]]
             error = next((r for r in results if isinstance(r, Exception)), None)
-            if isinstance(error, _MOVED) and not attempt:
-                await self._refresh()
-                continue
             if error is not None:
+                error = _error(error)
+                if isinstance(error, rex.AskError) and not isinstance(error, rex.MovedError):
+                    if not attempt:
+                        asking = (error.host, int(error.port))
+                        continue
+                elif isinstance(error, _MOVED) and not attempt:
+                    await self._refresh()
+                    continue
                 self._failed(durable)
                 # Still moving after the slot map was read again (a failover under way:
                 # CLUSTERDOWN, TRYAGAIN) is the store unavailable, as a refusal is.
@@ -151,12 +358,17 @@ class Link:
                 raise unavailable(error, write) from error
             if durable:
                 acked = results.pop()
-                if int(str(acked)) < self.replicas:
+                if int(acked) < self.replicas:
                     self._failed(durable)
                     raise Unconfirmed(results)
                 self.commits += 1
                 self.commit_seconds += loop.time() - started
                 self.failing = False
+            callbacks = self.callbacks
+            for index, args in enumerate(commands):
+                callback = callbacks.get(args[0])
+                if callback is not None:
+                    results[index] = callback(results[index])
             return results
         raise AssertionError("unreachable")
 
@@ -168,10 +380,26 @@ class Link:
     async def _refresh(self) -> None:
         with contextlib.suppress(rex.RedisError, OSError):
             await self.cluster.nodes_manager.initialize()
+        masters = {node.name for node in self.cluster.get_primaries()}
+        for name in [n for n in self._shared if n not in masters]:  # demoted, or gone
+            self._shared.pop(name).close()
+        for name in [n for n in self._spare if n not in masters]:
+            for wire in self._spare.pop(name):
+                wire.close()
 
     async def ping(self) -> None:
         for node in self.cluster.get_primaries():
             await self.cluster.execute_command("PING", target_nodes=node)
+
+
+def _error(error: Exception) -> Exception:
+    """An error reply as redis-py's error of its kind (a redirection, CLUSTERDOWN...)."""
+    if type(error) is not rex.ResponseError:
+        return error
+    text = str(error)
+    word, _, rest = text.partition(" ")
+    kind = _ERRORS.get(word)
+    return error if kind is None else kind(rest if kind in (rex.MovedError, rex.AskError) else text)
 
 
 def _refused(error: rex.ResponseError) -> bool:
