@@ -1,4 +1,4 @@
-#!lua name=restms_v2
+#!lua name=restms_v3
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -133,21 +133,27 @@ local function head(fields, out)
 end
 
 -- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, then per pipe: max_messages,
--- max_bytes, overflow, n, then n times: size, expires (0: never), record; then, only
--- with the traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then
--- each message's position (0: it did not fit, skipped); with the mirror on, then one
--- more item: per pipe, the heads (head) of those it dropped, the oldest first.
+-- max_bytes, overflow, redeliveries (what each message placed there has had: 0 but for
+-- a hand-over), n, then n times: size, expires (0: never), record; then, only with the
+-- traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then each
+-- message's position (0: it did not fit, skipped); with the mirror on, then one more
+-- item: per pipe, the heads (head) of those it dropped, the oldest first.
+-- A message is one XADD: the counters of its pipe move once a call, by what it placed
+-- (each write of a function is a command in the AOF and to the replicas).
 local function place(keys, args)
   local out, woken, dropped = {}, {}, {}
   local a = 3
   for k = 1, #keys, 2 do
     local s, h = keys[k], keys[k + 1]
-    local maxm, maxb, overflow, n = num(args[a]), num(args[a + 1]), args[a + 2], num(args[a + 3])
-    a = a + 4
+    local maxm, maxb, overflow = num(args[a]), num(args[a + 1]), args[a + 2]
+    local redelivered, n = num(args[a + 3]), num(args[a + 4])
+    a = a + 5
     local at = #out + 1
     out[at] = 0
     local len = redis.call('XLEN', s)
     local bytes = num(redis.call('HGET', h, 'bytes'))
+    local last = num(redis.call('HGET', h, 'next'))
+    local placed, added = 0, 0
     for _ = 1, n do
       local size, expires, record = num(args[a]), args[a + 1], args[a + 2]
       a = a + 3
@@ -168,17 +174,25 @@ local function place(keys, args)
       if len >= maxm or bytes + size > maxb then
         out[#out + 1] = 0
       else
-        local pos = redis.call('HINCRBY', h, 'next', 1)
+        last = last + 1
         if expires ~= '0' then
-          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size, 'e', expires)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size, 'e', expires)
         else
-          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size)
         end
-        redis.call('HINCRBY', h, 'bytes', size)
+        if redelivered > 0 then
+          redis.call('HSET', h, 'r:' .. last, redelivered)
+        end
+        placed = placed + 1
+        added = added + size
         len = len + 1
         bytes = bytes + size
-        out[#out + 1] = pos
+        out[#out + 1] = last
       end
+    end
+    if placed > 0 then
+      redis.call('HINCRBY', h, 'next', placed)
+      redis.call('HINCRBY', h, 'bytes', added)
     end
     redis.call('HINCRBY', h, 'ver', 1)
     woken[#woken + 1] = pipe_key(s)
@@ -476,17 +490,17 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v2_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v2_cat_since', callback = cat_since,
+redis.register_function('restms_v3_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v3_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v2_place', place)
-redis.register_function{function_name = 'restms_v2_room', callback = room,
+redis.register_function('restms_v3_place', place)
+redis.register_function{function_name = 'restms_v3_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v2_range', range)
-redis.register_function('restms_v2_ack', ack)
-redis.register_function('restms_v2_take_out', take_out)
-redis.register_function('restms_v2_delete_content', delete_content)
-redis.register_function('restms_v2_sweep', sweep)
-redis.register_function('restms_v2_own', own)
-redis.register_function('restms_v2_disown', disown)
-redis.register_function('restms_v2_hook_save', hook_save)
+redis.register_function('restms_v3_range', range)
+redis.register_function('restms_v3_ack', ack)
+redis.register_function('restms_v3_take_out', take_out)
+redis.register_function('restms_v3_delete_content', delete_content)
+redis.register_function('restms_v3_sweep', sweep)
+redis.register_function('restms_v3_own', own)
+redis.register_function('restms_v3_disown', disown)
+redis.register_function('restms_v3_hook_save', hook_save)

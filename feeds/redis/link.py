@@ -36,7 +36,7 @@ from redis.driver_info import DriverInfo
 from restms.errors import NotCommitted, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-LIBRARY = "restms_v2"  # the name library.lua declares: bump both together
+LIBRARY = "restms_v3"  # the name library.lua declares: bump both together
 FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.

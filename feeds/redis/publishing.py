@@ -276,8 +276,10 @@ async def _place(
     targets: dict[str, list[int]],
     items: list[Item],
     durable: bool,
+    redelivered: int = 0,
 ) -> dict[str, list[int]]:
-    """One call per bucket; each pipe's positions (0: skipped, full)."""
+    """One call per bucket; each pipe's positions (0: skipped, full). ``redelivered``:
+    the redeliveries the messages had (a leased message handed over), set with them."""
     by_tag: dict[str, list[str]] = defaultdict(list)
     for key in pipes:
         by_tag[engine.keys.tag(bucket(key))].append(key)
@@ -297,6 +299,7 @@ async def _place(
                 settings.max_messages,
                 settings.max_bytes,
                 settings.overflow,
+                redelivered,
                 len(targets[key]),
             ]
             for index in targets[key]:
@@ -492,13 +495,10 @@ async def hand_over(
     item: Item = (spec, data, size, persistent(spec))
     for join in others:
         target = engine.cache.pipes[join.pipe]
-        got = await _place(engine, {target.key: target}, {target.key: [0]}, [item], item[3])
-        placed = got[target.key][0]
-        if placed:
-            _s, target_state, target_tag = engine.keys.pipe(target.key)
-            await engine.link.call(
-                target_tag, "HSET", target_state, f"r:{placed}", times, write=True
-            )
+        got = await _place(
+            engine, {target.key: target}, {target.key: [0]}, [item], item[3], redelivered=times
+        )
+        if got[target.key][0]:
             return
     await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
 
