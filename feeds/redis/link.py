@@ -27,8 +27,6 @@ from typing import Any, cast
 import hiredis
 import redis
 from redis import exceptions as rex
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.driver_info import DriverInfo
@@ -106,6 +104,10 @@ class Wire(asyncio.Protocol):
         # for, those come so far, and when it was sent.
         self.waiting: deque[tuple[asyncio.Future[list[Any]], int, list[Any], float]] = deque()
         self.broken: BaseException | None = None
+        # A subscriber's connection hands every reply to this instead (pushed messages
+        # and confirmations alike), and is told when it breaks.
+        self.on_push: Callable[[Any], None] | None = None
+        self.on_broken: Callable[[], None] | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._loop = asyncio.get_running_loop()
         self._out: list[bytes] = []  # written once the callers of this turn of the loop sent
@@ -153,6 +155,11 @@ class Wire(asyncio.Protocol):
         self._out.append(data)
         return future
 
+    def write(self, command: tuple[Any, ...]) -> None:
+        """Write a command whose answer ``on_push`` takes (a subscriber's)."""
+        if self.broken is None and self.transport is not None:
+            self.transport.write(hiredis.pack_command(command))
+
     def _flush(self) -> None:
         """One write (and one read on the server's side) for the batches of many
         callers: under load, a system call a batch was most of a command's cost."""
@@ -165,6 +172,9 @@ class Wire(asyncio.Protocol):
         reader.feed(data)
         waiting = self.waiting
         while (reply := reader.gets()) is not False:
+            if self.on_push is not None:
+                self.on_push(reply)
+                continue
             if not waiting:
                 self._fail(rex.ConnectionError("a reply nothing was sent for"))
                 return
@@ -189,14 +199,18 @@ class Wire(asyncio.Protocol):
         self._fail(rex.ConnectionError(f"the connection to the master was lost: {exc}"))
 
     def _fail(self, error: BaseException) -> None:
-        if self.broken is None:
+        first = self.broken is None
+        if first:
             self.broken = error
         if self.transport is not None:
             self.transport.abort()
+        broken = self.broken or error
         waiting, self.waiting = self.waiting, deque()
         for future, _count, _replies, _sent in waiting:
             if not future.done():
-                future.set_exception(self.broken)
+                future.set_exception(broken)
+        if first and self.on_broken is not None:
+            self.on_broken()
 
     def close(self) -> None:
         self._fail(rex.ConnectionError("closed"))
@@ -409,20 +423,23 @@ def _refused(error: rex.ResponseError) -> bool:
 
 class Subscriber:
     """Sharded pub/sub: the channels this engine listens on, each on a connection to
-    its slot's master, and one reader task per master calling ``deliver(channel,
-    data)`` for each message. On a lost connection every channel is subscribed again
-    where its slot now lives, and ``lost()`` is called (a message may have been missed:
-    the waiters look again)."""
+    its slot's master (a :class:`Wire` whose every reply is a push), each message
+    handed to ``deliver(channel, data)`` as it is read, without a task in between. On
+    a lost connection, or a channel its master no longer serves (its slot moved, the
+    master became a replica: the server unsubscribes it), the channels are subscribed
+    again where their slots now live, and ``lost()`` is called (a message may have
+    been missed: the waiters look again)."""
 
     def __init__(self, link: Link, deliver: Callable[[str, bytes], None], lost: Callable[[], None]):
         self.link = link
         self.deliver = deliver
         self.lost = lost
         self.channels: dict[str, str] = {}  # channel -> node name
-        self._pubsubs: dict[str, PubSub] = {}
-        self._clients: dict[str, Redis] = {}
-        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._wires: dict[str, Wire] = {}  # node name -> its subscribed connection
+        # Per connection, the subscriptions asked for and not yet confirmed, in order.
+        self._asked: dict[Wire, deque[tuple[bytes, asyncio.Future[None]]]] = {}
         self._lock = asyncio.Lock()
+        self._moving: set[asyncio.Task[None]] = set()
         self.closed = False
 
     async def subscribe(self, channel: str) -> None:
@@ -430,86 +447,102 @@ class Subscriber:
             if channel in self.channels:
                 return
             node = self.link.node(channel)
-            pubsub = self._pubsub(node)
-            await pubsub.ssubscribe(channel)
+            wire = self._wires.get(node.name)
+            if wire is None or wire.broken is not None:
+                wire = await self._open(node.name, node.host, int(node.port))
+            confirmed = asyncio.get_running_loop().create_future()
+            self._asked[wire].append((channel.encode(), confirmed))
+            wire.write(("SSUBSCRIBE", channel))
+            try:
+                async with asyncio.timeout(SOCKET_TIMEOUT):
+                    await confirmed
+            except TimeoutError as exc:
+                wire.close()
+                raise rex.TimeoutError("no answer to a subscription") from exc
             self.channels[channel] = node.name
 
     async def unsubscribe(self, channel: str) -> None:
         async with self._lock:
             name = self.channels.pop(channel, None)
-            pubsub = self._pubsubs.get(name or "")
-            if pubsub is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await pubsub.sunsubscribe(channel)
+            wire = self._wires.get(name or "")
+            if wire is not None and wire.broken is None:
+                wire.write(("SUNSUBSCRIBE", channel))  # its confirmation is not waited for
 
-    def _pubsub(self, node: ClusterNode) -> PubSub:
-        pubsub = self._pubsubs.get(node.name)
-        if pubsub is None:
-            client = self._clients[node.name] = Redis(
-                host=node.host, port=int(node.port), driver_info=DRIVER, **self.link.credentials
-            )
-            pubsub = client.pubsub()
-            self._pubsubs[node.name] = pubsub
-            self._readers[node.name] = asyncio.create_task(
-                self._read(node.name, pubsub), name=f"redis-pubsub-{node.name}"
-            )
-        return pubsub
+    async def _open(self, name: str, host: str, port: int) -> Wire:
+        wire = await Wire.open(host, port, self.link.credentials, SOCKET_TIMEOUT)
+        self._wires[name] = wire
+        self._asked[wire] = deque()
+        wire.on_push = lambda reply: self._pushed(wire, name, reply)
+        wire.on_broken = lambda: self._broken(wire, name)
+        return wire
 
-    async def _read(self, name: str, pubsub: PubSub) -> None:
-        while not self.closed:
-            try:
-                if not pubsub.subscribed:
-                    await asyncio.sleep(0.05)
-                    continue
-                message = await pubsub.get_message(timeout=1.0)
-            except (rex.RedisError, OSError):
-                if not self.closed:
-                    await self._resubscribe(name)
+    def _pushed(self, wire: Wire, name: str, reply: Any) -> None:
+        if isinstance(reply, list) and len(reply) == 3:
+            kind, channel, data = reply
+            if kind == b"smessage":
+                self.deliver(channel.decode(), data)
                 return
-            if message is None or message["type"] not in (b"smessage", "smessage"):
-                continue
-            channel = message["channel"]
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            self.deliver(channel, message["data"])
+            asked = self._asked.get(wire)
+            if kind == b"ssubscribe" and asked:
+                for index, (wanted, confirmed) in enumerate(asked):
+                    if wanted == channel:
+                        del asked[index]
+                        if not confirmed.done():
+                            confirmed.set_result(None)
+                        break
+                return
+            if kind == b"sunsubscribe":
+                text = channel.decode()
+                if self.channels.get(text) == name:  # not asked for: its slot moved
+                    del self.channels[text]
+                    self._move([text])
+                return
+        elif isinstance(reply, Exception):  # a subscription refused (MOVED, ...)
+            asked = self._asked.get(wire)
+            if asked:
+                _channel, confirmed = asked.popleft()
+                if not confirmed.done():
+                    confirmed.set_exception(_error(reply))
 
-    async def _resubscribe(self, name: str) -> None:
+    def _broken(self, wire: Wire, name: str) -> None:
         """Its master went: every channel it carried is subscribed again."""
-        async with self._lock:
-            pubsub = self._pubsubs.pop(name, None)
-            client = self._clients.pop(name, None)
-            self._readers.pop(name, None)
-            if pubsub is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            if client is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await client.aclose()
-            moved = [c for c, n in self.channels.items() if n == name]
-            for channel in moved:
-                del self.channels[channel]
-        await self.link._refresh()
+        for _channel, confirmed in self._asked.pop(wire, ()):
+            if not confirmed.done():
+                confirmed.set_exception(wire.broken or rex.ConnectionError("lost"))
+        if self._wires.get(name) is wire:
+            del self._wires[name]
+        if self.closed:
+            return
+        moved = [c for c, n in self.channels.items() if n == name]
         for channel in moved:
+            del self.channels[channel]
+        self._move(moved)
+
+    def _move(self, channels: list[str]) -> None:
+        task = asyncio.get_running_loop().create_task(self._resubscribe(channels))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
+    async def _resubscribe(self, channels: list[str]) -> None:
+        await self.link._refresh()
+        for channel in channels:
             for _ in range(50):
                 try:
                     await self.subscribe(channel)
                     break
-                except (rex.RedisError, OSError):
+                except (rex.RedisError, OSError, ServiceUnavailable):
+                    if self.closed:
+                        return
                     await asyncio.sleep(0.1)
         self.lost()
 
     async def close(self) -> None:
         self.closed = True
-        readers, self._readers = list(self._readers.values()), {}
-        for task in readers:
+        for task in list(self._moving):
             task.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-        for pubsub in self._pubsubs.values():
-            with contextlib.suppress(rex.RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-        for client in self._clients.values():
-            with contextlib.suppress(rex.RedisError, OSError):
-                await client.aclose()
-        self._pubsubs.clear()
-        self._clients.clear()
+        await asyncio.gather(*self._moving, return_exceptions=True)
+        for wire in list(self._wires.values()):
+            wire.close()
+        self._wires.clear()
+        self._asked.clear()
         self.channels.clear()
