@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import socket
 import ssl
 from collections import deque
@@ -34,7 +35,7 @@ from redis.driver_info import DriverInfo
 from restms.errors import NotCommitted, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-LIBRARY = "restms_v3"  # the name library.lua declares: bump both together
+LIBRARY = "restms_v4"  # the name library.lua declares: bump both together
 FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.
@@ -237,6 +238,7 @@ class Link:
             socket_connect_timeout=SOCKET_TIMEOUT,
         )
         self.callbacks = self.cluster.response_callbacks  # (SET's True, XRANGE's dicts)
+        self.origin = secrets.token_hex(6)  # names this engine's own wake-ups (library.lua)
         self._shared: dict[str, Wire] = {}  # "host:port" -> the connection all share
         # "host:port" -> idle connections for a batch alone (WAIT, or large)
         self._spare: dict[str, list[Wire]] = {}

@@ -289,7 +289,7 @@ async def _place(
         tag: str, here: list[str]
     ) -> tuple[str, list[str], list[int], Unconfirmed | None, list[Any] | None]:
         keys: list[Any] = []
-        args: list[Any] = [tag, now_ms]
+        args: list[Any] = [tag, now_ms, engine.link.origin]
         heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
         for key in here:
             stream, state, _tag = engine.keys.pipe(key)
