@@ -85,6 +85,11 @@ class Unconfirmed(NotCommitted):
         self.results = results
 
 
+# A batch on a connection: its callers' futures, how many replies it waits for, those
+# come so far, when it was sent.
+_Batch = tuple[list[asyncio.Future[list[Any]]], int, list[Any], float]
+
+
 def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
     """Commands in the protocol's form (hiredis packs them)."""
     if len(commands) == 1:
@@ -103,9 +108,10 @@ class Wire(asyncio.Protocol):
         self.timeout = timeout
         self.transport: asyncio.Transport | None = None
         self.reader = hiredis.Reader(replyError=rex.ResponseError)
-        # Per batch sent and not yet answered: its future, how many replies it waits
-        # for, those come so far, and when it was sent.
-        self.waiting: deque[tuple[asyncio.Future[list[Any]], int, list[Any], float]] = deque()
+        # Per batch sent and not yet answered: its callers' futures, how many replies it
+        # waits for, those come so far, and when it was sent.
+        self.waiting: deque[_Batch] = deque()
+        self._unsent: dict[bytes, _Batch] = {}  # reads not written yet, that callers share
         self.broken: BaseException | None = None
         # A subscriber's connection hands every reply to this instead (pushed messages
         # and confirmations alike), and is told when it breaks.
@@ -141,16 +147,25 @@ class Wire(asyncio.Protocol):
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def send(self, data: bytes, count: int) -> asyncio.Future[list[Any]]:
+    def send(self, data: bytes, count: int, share: bool = False) -> asyncio.Future[list[Any]]:
         """Write ``count`` packed commands (:func:`pack`); the future of their replies,
         in order (an error reply is a :class:`redis.exceptions.ResponseError` in its
-        place)."""
+        place). ``share``: a read that callers asking for the same before it is
+        written share (its answer is as of a moment after each of them asked)."""
         future: asyncio.Future[list[Any]] = self._loop.create_future()
         if self.broken is not None or self.transport is None:
             future.set_exception(rex.ConnectionError("the connection to the master is gone"))
             return future
+        if share:
+            joined = self._unsent.get(data)
+            if joined is not None:
+                joined[0].append(future)
+                return future
         now = self._loop.time()
-        self.waiting.append((future, count, [], now))
+        batch: _Batch = ([future], count, [], now)
+        self.waiting.append(batch)
+        if share:
+            self._unsent[data] = batch
         if self._watchdog is None:
             self._watchdog = self._loop.call_at(now + self.timeout, self._watch)
         if not self._out:
@@ -167,6 +182,7 @@ class Wire(asyncio.Protocol):
         """One write (and one read on the server's side) for the batches of many
         callers: under load, a system call a batch was most of a command's cost."""
         out, self._out = self._out, []
+        self._unsent.clear()
         if self.transport is not None and self.broken is None:
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))
 
@@ -181,12 +197,13 @@ class Wire(asyncio.Protocol):
             if not waiting:
                 self._fail(rex.ConnectionError("a reply nothing was sent for"))
                 return
-            future, count, replies, _sent = waiting[0]
+            futures, count, replies, _sent = waiting[0]
             replies.append(reply)
             if len(replies) == count:
                 waiting.popleft()
-                if not future.done():  # (its caller may have given up)
-                    future.set_result(replies)
+                for future in futures:
+                    if not future.done():  # (its caller may have given up)
+                        future.set_result(replies if len(futures) == 1 else list(replies))
 
     def _watch(self) -> None:
         self._watchdog = None
@@ -209,9 +226,10 @@ class Wire(asyncio.Protocol):
             self.transport.abort()
         broken = self.broken or error
         waiting, self.waiting = self.waiting, deque()
-        for future, _count, _replies, _sent in waiting:
-            if not future.done():
-                future.set_exception(broken)
+        for futures, _count, _replies, _sent in waiting:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(broken)
         if first and self.on_broken is not None:
             self.on_broken()
 
@@ -308,7 +326,7 @@ class Link:
         return wire
 
     async def _send(
-        self, host: str, port: int, commands: list[tuple[Any, ...]], durable: bool
+        self, host: str, port: int, commands: list[tuple[Any, ...]], durable: bool, share: bool
     ) -> list[Any]:
         if durable:
             commands = [*commands, ("WAIT", self.replicas, self.wait_ms)]
@@ -317,7 +335,7 @@ class Link:
             wire = self._shared.get(f"{host}:{port}")
             if wire is None or wire.broken is not None:
                 wire = await self._wire(host, port)
-            return await wire.send(data, len(commands))
+            return await wire.send(data, len(commands), share)
         name = f"{host}:{port}"
         spare = self._spare.get(name)
         if spare:
@@ -332,13 +350,22 @@ class Link:
             else:
                 wire.close()  # (a caller that gave up leaves its WAIT behind: not reused)
 
-    async def call(self, key: str, *args: Any, write: bool = False, durable: bool = False) -> Any:
+    async def call(
+        self, key: str, *args: Any, write: bool = False, durable: bool = False, share: bool = False
+    ) -> Any:
         """One command in ``key``'s slot; with ``durable``, answered once a replica has
-        it too (``WAIT``), else NotCommitted."""
-        return (await self.batch(key, [args], write=write, durable=durable))[0]
+        it too (``WAIT``), else NotCommitted; with ``share`` (a read), the answer of
+        the same read another caller asked for, if it is not written yet."""
+        return (await self.batch(key, [args], write=write, durable=durable, share=share))[0]
 
     async def batch(
-        self, key: str, commands: list[tuple[Any, ...]], *, write: bool, durable: bool = False
+        self,
+        key: str,
+        commands: list[tuple[Any, ...]],
+        *,
+        write: bool,
+        durable: bool = False,
+        share: bool = False,
     ) -> list[Any]:
         """Commands in ``key``'s slot, on one connection, in order."""
         loop = asyncio.get_running_loop()
@@ -351,7 +378,7 @@ class Link:
             else:  # the slot is on its way to another master, which takes this one
                 (host, port), sent = asking, [c for args in commands for c in (("ASKING",), args)]
             try:
-                results = await self._send(host, port, sent, durable)
+                results = await self._send(host, port, sent, durable, share)
             except _DOWN as exc:
                 await self._refresh()
                 if write or attempt:

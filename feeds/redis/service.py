@@ -370,8 +370,9 @@ class RedisEngine:
         raise ServiceUnavailable("the catalogue is too busy to change now; retry", retry_after=1)
 
     async def _fresh(self) -> None:
-        """Catch up when the catalogue moved on (a cheap version check)."""
-        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v")
+        """Catch up when the catalogue moved on (a cheap version check, shared by the
+        calls that ask before it is sent)."""
+        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v", share=True)
         if int(version or 0) != self.cache.version:
             await self._sync()
 
