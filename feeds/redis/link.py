@@ -49,6 +49,7 @@ SOCKET_TIMEOUT = 5.0  # seconds a master may take to answer before it counts as 
 # read one after the other, a slice a turn of its loop.
 ALONE = 16 * 1024
 SLOTS_KEPT = 4096  # keys whose hash slot is remembered
+SPARE_KEPT = 32  # idle connections kept per master for batches alone (more are closed)
 # An error reply's first word -> the redirection or refusal it is (hiredis gives every
 # error reply as a plain ResponseError).
 _ERRORS: dict[str, type[rex.ResponseError]] = {
@@ -337,7 +338,9 @@ class Link:
                 wire = await self._wire(host, port)
             return await wire.send(data, len(commands), share)
         name = f"{host}:{port}"
-        spare = self._spare.get(name)
+        spare = self._spare.get(name, [])
+        while spare and spare[-1].broken is not None:  # (closed while it waited)
+            spare.pop()
         if spare:
             wire = spare.pop()
         else:
@@ -345,10 +348,11 @@ class Link:
         try:
             return await wire.send(data, len(commands))
         finally:
-            if wire.broken is None and not wire.waiting:
-                self._spare.setdefault(name, []).append(wire)
+            spare = self._spare.setdefault(name, [])
+            if wire.broken is None and not wire.waiting and len(spare) < SPARE_KEPT:
+                spare.append(wire)
             else:
-                wire.close()  # (a caller that gave up leaves its WAIT behind: not reused)
+                wire.close()  # (one a caller gave up on may yet answer it: not reused)
 
     async def call(
         self, key: str, *args: Any, write: bool = False, durable: bool = False, share: bool = False
