@@ -30,7 +30,6 @@ import redis
 from redis import exceptions as rex
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import parse_url
-from redis.crc import key_slot
 from redis.driver_info import DriverInfo
 
 from restms.errors import NotCommitted, ServiceUnavailable
@@ -48,7 +47,6 @@ SOCKET_TIMEOUT = 5.0  # seconds a master may take to answer before it counts as 
 # connection at a time, so large batches (a 100-message publish) sharing one would be
 # read one after the other, a slice a turn of its loop.
 ALONE = 16 * 1024
-SLOTS_KEPT = 4096  # keys whose hash slot is remembered
 SPARE_KEPT = 32  # idle connections kept per master for batches alone (more are closed)
 # An error reply's first word -> the redirection or refusal it is (hiredis gives every
 # error reply as a plain ResponseError).
@@ -264,7 +262,6 @@ class Link:
         # "host:port" -> idle connections for a batch alone (WAIT, or large)
         self._spare: dict[str, list[Wire]] = {}
         self._opening: dict[str, asyncio.Task[Wire]] = {}
-        self._slots: dict[str, int] = {}  # key -> its hash slot, for the keys sent to
         # How every master is reached besides its address (user, password, TLS): the
         # subscriber's own connections need them too.
         self.credentials: dict[str, Any] = {
@@ -301,15 +298,13 @@ class Link:
             await self.cluster.aclose()
 
     def node(self, key: str) -> ClusterNode:
-        slot = self._slots.get(key)
-        if slot is None:
-            if len(self._slots) >= SLOTS_KEPT:  # (message ids' keys: many, each seldom)
-                self._slots.clear()
-            slot = self._slots[key] = key_slot(key.encode())
-        nodes = self.cluster.nodes_manager.slots_cache.get(slot)
-        if not nodes:
+        try:
+            node = self.cluster.get_node_from_key(key)
+        except rex.SlotNotCoveredError:
+            node = None
+        if node is None:
             raise ServiceUnavailable("no node serves that slot now", retry_after=RETRY_AFTER)
-        return nodes[0]
+        return node
 
     async def _wire(self, host: str, port: int) -> Wire:
         """The shared connection to a master, opened once however many ask at once."""
