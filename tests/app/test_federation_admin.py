@@ -14,6 +14,7 @@ import pytest
 from bridges.config import parse
 from feeds.config import FeedConfig
 from gateway.admin.bridging import BRIDGES
+from gateway.server.keys import SERVICE
 from tests.app.oauth import clients
 from tests.app.test_events import Watcher
 from tests.app.test_mirror import checked_lake, lake_of
@@ -99,6 +100,27 @@ async def test_a_link_made_at_run_time_runs_reports_and_is_deleted(
         assert (await r.json())["discarded"] == 3
     async with a.http.get("/admin/bridges/to-b") as r:
         assert r.status == 404
+
+
+async def test_deleting_a_pull_link_deletes_its_pipe_on_the_remote(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    b = await make_gateway(feeds=FEEDS, data_dir=str(tmp_path / "b"))
+    a = await make_gateway(feeds=FEEDS, data_dir=str(tmp_path / "a"), guest_scopes="restms:admin")
+    pull = {**definition(b), "name": "from-b", "direction": "in"}
+    async with a.http.post("/admin/bridges", json=pull) as r:
+        assert r.status == 201, await r.text()
+    await until(lambda: a.app[BRIDGES].get("from-b").health.state.name == "up", 20, "up")
+    remote_pipe = await a.app[SERVICE].setting("federation/from-b/pipe")
+    assert remote_pipe is not None
+    assert remote_pipe.startswith(b.url)
+    async with b.http.get(remote_pipe) as r:
+        assert r.status == 200  # the link's pipe, made on B (the loopback guest's)
+    async with a.http.delete("/admin/bridges/from-b") as r:
+        assert r.status == 200, await r.text()
+    async with b.http.get(remote_pipe) as r:
+        assert r.status == 404
+    assert not await a.app[SERVICE].setting("federation/from-b/pipe")
 
 
 async def test_bad_link_definitions_are_refused_with_the_reason(
