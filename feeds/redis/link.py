@@ -387,6 +387,11 @@ class Link:
             if asking is not None:
                 results = results[1::2] if not durable else [*results[1:-1:2], results[-1]]
             error = next((r for r in results if isinstance(r, Exception)), None)
+            if durable and error is not None and error is results[-1]:
+                # The writes were made, but their WAIT failed (a master turned replica
+                # answers a blocked WAIT "UNBLOCKED"): made and not confirmed.
+                self._failed(durable)
+                raise Unconfirmed(results[:-1])
             if error is not None:
                 error = _error(error)
                 if isinstance(error, rex.AskError) and not isinstance(error, rex.MovedError):
