@@ -1,4 +1,4 @@
-#!lua name=restms_v4
+#!lua name=restms_v2
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -132,36 +132,22 @@ local function head(fields, out)
   end
 end
 
--- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, origin, then per pipe: max_messages,
--- max_bytes, overflow, redeliveries (what each message placed there has had: 0 but for
--- a hand-over), n, then n times: size, expires (0: never), record; then, only with the
--- traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then each
--- message's position (0: it did not fit, skipped); with the mirror on, then one more
--- item: per pipe, the heads (head) of those it dropped, the oldest first.
--- A message is one XADD: the counters of its pipe move once a call, by what it placed
--- (each write of a function is a command in the AOF and to the replicas).
--- The wake-up (SPUBLISH on the bucket's channel) names the pipes, then carries, per
--- pipe, the first message placed when a reader may take it as it is (no expiry, no
--- redelivery, none dropped in this call, at most CARRY bytes): "\n<origin>" once (the
--- caller's, which wakes its own readers), then "\n<pipe> <position> <size> <length>
--- \n<record>" each. Another node's reader waiting at that position is answered from it
--- without reading the stream again (feeds/redis/reading.py).
-local CARRY = 8192
-
+-- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, then per pipe: max_messages,
+-- max_bytes, overflow, n, then n times: size, expires (0: never), record; then, only
+-- with the traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then
+-- each message's position (0: it did not fit, skipped); with the mirror on, then one
+-- more item: per pipe, the heads (head) of those it dropped, the oldest first.
 local function place(keys, args)
-  local out, woken, dropped, carried = {}, {}, {}, {}
-  local a = 4
+  local out, woken, dropped = {}, {}, {}
+  local a = 3
   for k = 1, #keys, 2 do
     local s, h = keys[k], keys[k + 1]
-    local maxm, maxb, overflow = num(args[a]), num(args[a + 1]), args[a + 2]
-    local redelivered, n = num(args[a + 3]), num(args[a + 4])
-    a = a + 5
+    local maxm, maxb, overflow, n = num(args[a]), num(args[a + 1]), args[a + 2], num(args[a + 3])
+    a = a + 4
     local at = #out + 1
     out[at] = 0
     local len = redis.call('XLEN', s)
     local bytes = num(redis.call('HGET', h, 'bytes'))
-    local last = num(redis.call('HGET', h, 'next'))
-    local placed, added, carry = 0, 0, nil
     for _ = 1, n do
       local size, expires, record = num(args[a]), args[a + 1], args[a + 2]
       a = a + 3
@@ -182,41 +168,22 @@ local function place(keys, args)
       if len >= maxm or bytes + size > maxb then
         out[#out + 1] = 0
       else
-        last = last + 1
+        local pos = redis.call('HINCRBY', h, 'next', 1)
         if expires ~= '0' then
-          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size, 'e', expires)
+          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size, 'e', expires)
         else
-          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size)
+          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size)
         end
-        if redelivered > 0 then
-          redis.call('HSET', h, 'r:' .. last, redelivered)
-        end
-        if placed == 0 and expires == '0' and redelivered == 0 and #record <= CARRY then
-          carry = {last, size, record}
-        end
-        placed = placed + 1
-        added = added + size
+        redis.call('HINCRBY', h, 'bytes', size)
         len = len + 1
         bytes = bytes + size
-        out[#out + 1] = last
+        out[#out + 1] = pos
       end
-    end
-    if placed > 0 then
-      redis.call('HINCRBY', h, 'next', placed)
-      redis.call('HINCRBY', h, 'bytes', added)
     end
     redis.call('HINCRBY', h, 'ver', 1)
     woken[#woken + 1] = pipe_key(s)
-    if carry and out[at] == 0 then
-      carried[#carried + 1] = '\n' .. pipe_key(s) .. ' ' .. carry[1] .. ' ' .. carry[2] .. ' '
-        .. #carry[3] .. '\n' .. carry[3]
-    end
   end
-  local news = table.concat(woken, ' ')
-  if #carried > 0 then
-    news = news .. '\n' .. args[3] .. table.concat(carried)
-  end
-  redis.call('SPUBLISH', args[1], news)
+  redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
   if args[a] == '1' then -- the mirror's flag, after the last pipe's messages
     local heads = {}
     for pipe = 1, #keys / 2 do
@@ -509,17 +476,17 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v4_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v4_cat_since', callback = cat_since,
+redis.register_function('restms_v2_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v2_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v4_place', place)
-redis.register_function{function_name = 'restms_v4_room', callback = room,
+redis.register_function('restms_v2_place', place)
+redis.register_function{function_name = 'restms_v2_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v4_range', range)
-redis.register_function('restms_v4_ack', ack)
-redis.register_function('restms_v4_take_out', take_out)
-redis.register_function('restms_v4_delete_content', delete_content)
-redis.register_function('restms_v4_sweep', sweep)
-redis.register_function('restms_v4_own', own)
-redis.register_function('restms_v4_disown', disown)
-redis.register_function('restms_v4_hook_save', hook_save)
+redis.register_function('restms_v2_range', range)
+redis.register_function('restms_v2_ack', ack)
+redis.register_function('restms_v2_take_out', take_out)
+redis.register_function('restms_v2_delete_content', delete_content)
+redis.register_function('restms_v2_sweep', sweep)
+redis.register_function('restms_v2_own', own)
+redis.register_function('restms_v2_disown', disown)
+redis.register_function('restms_v2_hook_save', hook_save)

@@ -43,7 +43,7 @@ from . import claims, mirror
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy, Held
-from .values import Settings, encode_message
+from .values import encode_message
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -210,10 +210,11 @@ async def _fanout(
                     order.setdefault(index, []).append(join.pipe)
             joined[(join.pipe, index)] += 1
     pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
-    settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
-    await _check_reject(engine, settings, targets, items)
-    durable = any(items[i][3] for i in routed) or any(s.durable for s in settings.values())
-    positions = await _place(engine, pipes, targets, items, durable, settings=settings)
+    await _check_reject(engine, pipes, targets, items)
+    durable = any(items[i][3] for i in routed) or any(
+        engine.settings(p).durable for p in pipes.values()
+    )
+    positions = await _place(engine, pipes, targets, items, durable)
     took = dict.fromkeys(routed, 0)
     placements: list[Placed] = []
     for key, got in positions.items():
@@ -243,15 +244,13 @@ async def _fanout(
 
 
 async def _check_reject(
-    engine: RedisEngine,
-    pipes: dict[str, Settings],
-    targets: dict[str, list[int]],
-    items: list[Item],
+    engine: RedisEngine, pipes: dict[str, PipeRec], targets: dict[str, list[int]], items: list[Item]
 ) -> None:
     """Q2 "reject": a message larger than the pipe takes is 413; a pipe too full for
     what comes is 503 for the whole publish, before anything is placed."""
     asks: dict[str, list[Any]] = defaultdict(list)
-    for key, settings in pipes.items():
+    for key, pipe in pipes.items():
+        settings = engine.settings(pipe)
         if settings.overflow != "reject":
             continue
         sizes = [items[i][2] for i in targets[key]]
@@ -277,14 +276,8 @@ async def _place(
     targets: dict[str, list[int]],
     items: list[Item],
     durable: bool,
-    redelivered: int = 0,
-    settings: dict[str, Settings] | None = None,
 ) -> dict[str, list[int]]:
-    """One call per bucket; each pipe's positions (0: skipped, full). ``redelivered``:
-    the redeliveries the messages had (a leased message handed over), set with them;
-    ``settings``: each pipe's, when the caller has them."""
-    if settings is None:
-        settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
+    """One call per bucket; each pipe's positions (0: skipped, full)."""
     by_tag: dict[str, list[str]] = defaultdict(list)
     for key in pipes:
         by_tag[engine.keys.tag(bucket(key))].append(key)
@@ -294,17 +287,16 @@ async def _place(
         tag: str, here: list[str]
     ) -> tuple[str, list[str], list[int], Unconfirmed | None, list[Any] | None]:
         keys: list[Any] = []
-        args: list[Any] = [tag, now_ms, engine.link.origin]
+        args: list[Any] = [tag, now_ms]
         heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
         for key in here:
             stream, state, _tag = engine.keys.pipe(key)
             keys += [stream, state]
-            limits = settings[key]
+            settings = engine.settings(pipes[key])
             args += [
-                limits.max_messages,
-                limits.max_bytes,
-                limits.overflow,
-                redelivered,
+                settings.max_messages,
+                settings.max_bytes,
+                settings.overflow,
                 len(targets[key]),
             ]
             for index in targets[key]:
@@ -312,7 +304,7 @@ async def _place(
                 ttl = spec.prop("expiration")
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
-            heads = heads or (engine._mirror is not None and limits.overflow == "drop-oldest")
+            heads = heads or (engine._mirror is not None and settings.overflow == "drop-oldest")
         if heads:
             args.append(1)
         command = ("FCALL", FUNCTIONS + "place", len(keys), *keys, *args)
@@ -326,17 +318,9 @@ async def _place(
             *reply, removed = reply
         return tag, here, [int(r) for r in reply], unsure, removed
 
-    results: list[Any]
-    if len(by_tag) == 1:  # (most publishes: no gather, no task)
-        ((tag, here),) = by_tag.items()
-        try:
-            results = [await one(tag, here)]
-        except BaseException as exc:  # as gather's return_exceptions: taken back below
-            results = [exc]
-    else:
-        results = await asyncio.gather(
-            *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
-        )
+    results = await asyncio.gather(
+        *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
+    )
     positions: dict[str, list[int]] = {}
     failure: BaseException | None = None
     for result in results:
@@ -508,10 +492,13 @@ async def hand_over(
     item: Item = (spec, data, size, persistent(spec))
     for join in others:
         target = engine.cache.pipes[join.pipe]
-        got = await _place(
-            engine, {target.key: target}, {target.key: [0]}, [item], item[3], redelivered=times
-        )
-        if got[target.key][0]:
+        got = await _place(engine, {target.key: target}, {target.key: [0]}, [item], item[3])
+        placed = got[target.key][0]
+        if placed:
+            _s, target_state, target_tag = engine.keys.pipe(target.key)
+            await engine.link.call(
+                target_tag, "HSET", target_state, f"r:{placed}", times, write=True
+            )
             return
     await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
 
