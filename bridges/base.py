@@ -189,6 +189,10 @@ class Bridge(Protocol):
 
     async def stop(self) -> None: ...
 
+    async def forget(self) -> None:
+        """The bridge is deleted (after :meth:`stop`): let go of what it keeps outside
+        its own pipe (a federation pull link's pipe on its remote)."""
+
     def backlog(self) -> int:
         """Messages waiting on the gateway side of the bridge."""
 

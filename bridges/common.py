@@ -86,8 +86,13 @@ class BridgeCore:
 
     @property
     def kind(self) -> str:
-        """``amqp`` or ``zeromq``: the middle word of this bridge's event addresses."""
+        """``amqp``, ``zeromq`` or ``federation``: the middle word of this bridge's event
+        addresses."""
         raise NotImplementedError
+
+    async def forget(self) -> None:
+        """Deleted: most bridges keep nothing outside their pipe, which the registry
+        deletes."""
 
     def _link_moved(self, old: str, new: str) -> None:
         """``bridge.<kind>.up`` when the link comes up; ``.down`` when it starts

@@ -251,8 +251,7 @@ class Registry:
                 )
             await self._forget(bridge)
             del self._bridges[name]
-            if isinstance(bridge, FederationLink):
-                await bridge.forget()
+            await bridge.forget()
             engine, owner = self._host.engine, owner_of(name)
             for pipe in await engine.pipes(owner):
                 await engine.delete_pipe(owner, pipe.key)  # committed when it returns

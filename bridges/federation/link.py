@@ -160,7 +160,7 @@ class FederationLink(PipeSide, PublishSide[int]):
             finally:
                 await remote.close()
         if pipe:
-            await self._engine.keep_setting(key, "")
+            await self._forget_remote_pipe()
 
     def backlog(self) -> int:
         if self.config.direction == "out":
@@ -406,6 +406,8 @@ class FederationLink(PipeSide, PublishSide[int]):
         return pipe
 
     async def _forget_remote_pipe(self) -> None:
+        """The next read makes a new remote pipe (a failed write: the old one is
+        looked at, and found gone, again)."""
         with contextlib.suppress(RestMSError):
             await self._engine.keep_setting(PIPE_SETTING.format(name=self.name), "")
 
