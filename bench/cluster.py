@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import tempfile
@@ -59,6 +58,7 @@ from bench.common import (
     ROOT,
     Server,
     cpu_seconds,
+    free_port,
     log,
     machine,
     median,
@@ -335,19 +335,13 @@ def pipes(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- workers
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
 class Workers(Server):
     """``main.py serve --workers N`` on the Redis engine, on a fixed port."""
 
     def __init__(self, count: int, namespace: str) -> None:
         self.count = count
         env = {**redis_env(namespace), "RESTMS_WORKERS": str(count)}
-        super().__init__("gateway", env, name=f"gateway-workers-{count}", port=_free_port())
+        super().__init__("gateway", env, name=f"gateway-workers-{count}", port=free_port())
 
     def cpu(self) -> float:
         """CPU seconds of the workers (the supervisor only waits)."""

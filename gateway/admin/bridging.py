@@ -99,14 +99,15 @@ async def gateway_id(service: EngineService, configured: str) -> str:
     first time (so every node sharing the engine has the same)."""
     if configured:
         return configured
-    for attempt in range(ID_TRIES):
+    attempt = 0
+    while True:
         try:
             return await service.keep_setting(ID_SETTING, secrets.token_urlsafe(12), only_new=True)
         except ServiceUnavailable:
-            if attempt == ID_TRIES - 1:
+            attempt += 1
+            if attempt == ID_TRIES:
                 raise
-            await asyncio.sleep(0.5 * (attempt + 1))
-    raise AssertionError("unreachable")
+            await asyncio.sleep(0.5 * attempt)
 
 
 async def identity(request: web.Request) -> web.Response:
