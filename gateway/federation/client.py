@@ -48,9 +48,8 @@ import base64
 import math
 import ssl
 import sys
-import time
 import urllib.parse
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -58,20 +57,19 @@ import aiohttp
 import orjson
 
 from bridges.checks import NAME, redact
-from bridges.federation.remote import Auth, PipeGone, Refused, Unavailable
+from bridges.federation.remote import Auth, PipeGone, Unavailable
 from restms import specs
 from restms.document import Document, Element
 from restms.errors import BadRequest, RestMSError
-from restms.httpdates import parse_http_date
-from restms.jsoncodec import parse_json, to_json
+from restms.jsoncodec import to_json
 from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
+
+from . import wire
 
 JSON = "application/restms+json"
 USER_AGENT = "restms-gateway-federation/1"
 EARLIEST = "RestMS-Earliest-Position"  # docs/EXTENSIONS.md §9
 IDENTITY_PATH = "/.well-known/restms-gateway"  # where a gateway says its id
-MAX_REASON = 500  # characters of a remote's refusal kept
-MAX_RETRY_AFTER = 300.0  # seconds: a longer Retry-After is taken as this
 REFRESH_AT = 0.8  # of a token's life: when a new one is fetched
 UNKNOWN_LIFE = 300.0  # seconds a token without expires_in is kept
 AT_ONCE = 8  # message GETs of one read in flight at a time
@@ -81,16 +79,6 @@ T = TypeVar("T")
 _READ_LIMITS = MessageLimits(
     max_messages=1, max_headers=sys.maxsize, max_contents=sys.maxsize, max_header_bytes=sys.maxsize
 )
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-    def text(self) -> str:
-        return self.body.decode("utf-8", "replace")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +133,9 @@ class HttpRemote:
         if not messages:
             return []
         where = f"POST {redact(feed_url)}"
-        reply = await self._call("POST", feed_url, _message_document(messages))
-        _check(reply, where)
-        entries = _publish_reply(reply, where)
+        reply = await self._call("POST", feed_url, wire.message_document(messages))
+        wire.check(reply, where)
+        entries = wire.publish_reply(reply, where)
         if len(entries) != len(messages):
             raise Unavailable(
                 f"{where}: the reply lists {len(entries)} messages for {len(messages)} sent"
@@ -159,8 +147,8 @@ class HttpRemote:
         remote feed ``feed_url`` (``default`` when its document names none); its URL."""
         where = f"GET {redact(feed_url)}"
         reply = await self._call("GET", feed_url)
-        _check(reply, where)
-        feed = next(_parse(reply, where).iter("feed"), None)
+        wire.check(reply, where)
+        feed = next(wire.parse_reply(reply, where).iter("feed"), None)
         if feed is None:
             raise Unavailable(f"{where}: the reply holds no feed")
         domain = feed.get("domain") or "default"
@@ -176,7 +164,9 @@ class HttpRemote:
     ) -> str:
         """A join of the remote pipe to the remote feed (the existing one when the pipe
         has an identical join); its URL. :class:`PipeGone` when the pipe is gone."""
-        join = Element("join", {"feed": feed_url, "address": address}, _header_elements(headers))
+        join = Element(
+            "join", {"feed": feed_url, "address": address}, wire.header_elements(headers)
+        )
         return await self._create(pipe_url, join, pipe_url=pipe_url)
 
     async def pipe_joins(
@@ -188,8 +178,8 @@ class HttpRemote:
         reply = await self._call("GET", pipe_url)
         if reply.status == 404:
             return None
-        _check(reply, where)
-        pipe = next(_parse(reply, where).iter("pipe"), None)
+        wire.check(reply, where)
+        pipe = next(wire.parse_reply(reply, where).iter("pipe"), None)
         if pipe is None:
             raise Unavailable(f"{where}: the reply holds no pipe")
         try:
@@ -262,7 +252,7 @@ class HttpRemote:
         reply = await self._call("GET", url, accept="application/json")
         if reply.status in (404, 405):
             return None
-        _check(reply, where)
+        wire.check(reply, where)
         try:
             said = orjson.loads(reply.body).get("gateway_id")
         except (orjson.JSONDecodeError, AttributeError):
@@ -273,11 +263,11 @@ class HttpRemote:
         """DELETE pipe.position: the message and every older one go (D4). A DELETE is
         answered 200 even when the pipe is gone (R4): the next read tells."""
         url = f"{pipe_url}.{position}"
-        _check(await self._call("DELETE", url), f"DELETE {redact(url)}")
+        wire.check(await self._call("DELETE", url), f"DELETE {redact(url)}")
 
     async def delete_pipe(self, pipe_url: str) -> None:
         """DELETE the pipe; a pipe gone already is no error (R4)."""
-        _check(await self._call("DELETE", pipe_url), f"DELETE {redact(pipe_url)}")
+        wire.check(await self._call("DELETE", pipe_url), f"DELETE {redact(pipe_url)}")
 
     # ------------------------------------------------------------ reading
     async def _message(
@@ -294,7 +284,7 @@ class HttpRemote:
         if reply.status == 200:
             return await self._delivered(pipe_url, url, reply)
         if reply.status == 404:
-            earliest = _position(reply.headers.get(EARLIEST))
+            earliest = wire.position(reply.headers.get(EARLIEST))
             if earliest is not None and earliest > position:
                 return earliest  # gone: acknowledged, or lost (a gap)
             listing = await self._listing(pipe_url)  # PipeGone when the pipe went
@@ -306,13 +296,13 @@ class HttpRemote:
             return None
         if reply.status == 503 and reply.headers.get("Retry-After", "").strip() == "0":
             return None  # the remote's own max_wait ran out first
-        _check(reply, where)
+        wire.check(reply, where)
         raise Unavailable(f"{where}: unexpected status {reply.status}")
 
-    async def _delivered(self, pipe_url: str, url: str, reply: _Reply) -> MessageSpec:
+    async def _delivered(self, pipe_url: str, url: str, reply: wire.Reply) -> MessageSpec:
         """The message a GET answered, its linked contents fetched and embedded."""
         where = f"GET {redact(url)}"
-        element = next(_parse(reply, where).iter("message"), None)
+        element = next(wire.parse_reply(reply, where).iter("message"), None)
         if element is None:
             raise Unavailable(f"{where}: the reply holds no message")
         try:
@@ -326,7 +316,7 @@ class HttpRemote:
                         specs.content(None, attrs.get("type"), attrs.get("encoding"), part.text)
                     )
                     continue
-                content_url = _beside(url, href, where)
+                content_url = wire.beside(url, href, where)
                 fetched = await self._content(pipe_url, content_url, part)
                 if fetched is not None:
                     contents.append(fetched)
@@ -342,7 +332,7 @@ class HttpRemote:
         if reply.status == 404:
             await self._listing(pipe_url)  # PipeGone when the whole pipe went
             return None
-        _check(reply, where)
+        wire.check(reply, where)
         kind = part.get("type") or reply.headers.get("Content-Type") or "application/octet-stream"
         return EmbeddedContent.of(reply.body, kind)
 
@@ -351,14 +341,14 @@ class HttpRemote:
         reply = await self._call("GET", pipe_url)
         if reply.status == 404:
             raise PipeGone(f"{where}: the pipe is gone")
-        _check(reply, where)
-        pipe = next(_parse(reply, where).iter("pipe"), None)
+        wire.check(reply, where)
+        pipe = next(wire.parse_reply(reply, where).iter("pipe"), None)
         if pipe is None:
             raise Unavailable(f"{where}: the reply holds no pipe")
         held: list[int] = []
         asynclet = None
         for message in pipe.iter("message"):
-            found = _position(message.attrs.get("href", "").rpartition(".")[2])
+            found = wire.position(message.attrs.get("href", "").rpartition(".")[2])
             if found is None:
                 raise Unavailable(f"{where}: a message has no position in its href")
             if message.attrs.get("async") == "1":
@@ -373,16 +363,16 @@ class HttpRemote:
         reply = await self._call("POST", url, to_json(Document(elements=(element,))))
         if reply.status == 404 and pipe_url is not None:
             raise PipeGone(f"{where}: the pipe is gone")
-        _check(reply, where)
+        wire.check(reply, where)
         location = reply.headers.get("Location")
         if not location:
             raise Unavailable(f"{where}: the reply has no Location")
-        return _beside(url, location, where)
+        return wire.beside(url, location, where)
 
     # ------------------------------------------------------------ requests
     async def _call(
         self, method: str, url: str, document: bytes | None = None, *, accept: str = JSON
-    ) -> _Reply:
+    ) -> wire.Reply:
         """One request that does not wait (:meth:`_send`)."""
         reply = await self._send(method, url, document, accept, None)
         if reply is None:  # only a wait runs out without an answer
@@ -391,7 +381,7 @@ class HttpRemote:
 
     async def _send(
         self, method: str, url: str, document: bytes | None, accept: str, wait: float | None
-    ) -> _Reply | None:
+    ) -> wire.Reply | None:
         """One request with the link's credentials, sent again once with a new token
         after a 401 of one fetched earlier; None when ``wait`` ran out."""
         headers = {"Accept": accept}
@@ -426,7 +416,7 @@ class HttpRemote:
         form = {"grant_type": "client_credentials"}
         if auth.scope:
             form["scope"] = auth.scope
-        pair = f"{_form(auth.client_id)}:{_form(auth.client_secret)}"
+        pair = f"{wire.form(auth.client_id)}:{wire.form(auth.client_secret)}"
         headers = {
             "Authorization": "Basic " + base64.b64encode(pair.encode()).decode("ascii"),
             "Accept": "application/json",
@@ -444,14 +434,14 @@ class HttpRemote:
             answer = {}
         if reply.status != 200:
             said = ": ".join(
-                str(answer[key])[:MAX_REASON]
+                str(answer[key])[: wire.MAX_REASON]
                 for key in ("error", "error_description")
                 if answer.get(key)
             )
             raise Unavailable(
                 f"{where} did not grant a token to client {auth.client_id!r}: "
-                f"{reply.status} {said or _reason(reply)}",
-                _retry_after(reply),
+                f"{reply.status} {said or wire.reason(reply)}",
+                wire.retry_after(reply),
             )
         token = answer.get("access_token")
         if not isinstance(token, str) or not token:
@@ -460,7 +450,7 @@ class HttpRemote:
             raise Unavailable(f"{where}: the token is not a bearer token")
         life = answer.get("expires_in", UNKNOWN_LIFE)
         if isinstance(life, str):
-            life = _number(life)
+            life = wire.number(life)
         if not isinstance(life, int | float) or isinstance(life, bool) or not math.isfinite(life):
             life = UNKNOWN_LIFE
         return token, max(float(life), 0.0)
@@ -473,7 +463,7 @@ class HttpRemote:
         headers: dict[str, str],
         token: str,
         wait: float | None,
-    ) -> _Reply | None:
+    ) -> wire.Reply | None:
         """One HTTP exchange, bounded (module docstring); None when ``wait`` ran out
         before the reply's head came."""
         where = f"{method} {redact(url)}"
@@ -490,7 +480,7 @@ class HttpRemote:
                     answered = True
                     bound.reschedule(loop.time() + self._timeout)
                     data = await self._read(reply, where)
-                    return _Reply(reply.status, reply.headers, data)
+                    return wire.Reply(reply.status, reply.headers, data)
         except aiohttp.ClientConnectorError as exc:  # before TimeoutError: some are both
             cause = exc.os_error.strerror or type(exc.os_error).__name__
             raise Unavailable(f"{where}: cannot connect ({cause})") from exc
@@ -546,112 +536,6 @@ class HttpRemote:
 
 
 # ---------------------------------------------------------------- values
-def _message_document(messages: Sequence[MessageSpec]) -> bytes:
-    """The JSON publish document of ``messages``: address, properties, headers and
-    embedded contents, as the gateway reads them (restms.specs; J1-J5: every property a
-    string, every child an array, a content's text under ``value``)."""
-    listed = []
-    for spec in messages:
-        message: dict[str, Any] = {"address": spec.address, **dict(spec.props)}
-        if spec.headers:
-            message["header"] = [{"name": n, "value": v} for n, v in spec.headers]
-        if spec.contents:
-            message["content"] = [_content_object(content) for content in spec.contents]
-        listed.append(message)
-    return orjson.dumps({"restms": {"message": listed}})
-
-
-def _publish_reply(reply: _Reply, where: str) -> list[dict[str, Any]]:
-    """The ``message`` objects of a publish reply (J1-J5), read as plain JSON: a reply
-    of thousands of counts is read several times faster than as a document."""
-    try:
-        listed = orjson.loads(reply.body)["restms"].get("message", [])
-    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply") from exc
-    if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
-        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply")
-    return listed
-
-
-def _content_object(content: Content) -> dict[str, str]:
-    if not isinstance(content, EmbeddedContent):
-        raise TypeError("only embedded contents can be published to a remote gateway")
-    return {"type": content.type, "encoding": content.encoding, "value": content.value}
-
-
-def _header_elements(headers: tuple[tuple[str, str], ...]) -> tuple[Element, ...]:
-    return tuple(Element("header", {"name": name, "value": value}) for name, value in headers)
-
-
-def _parse(reply: _Reply, where: str) -> Document:
-    try:
-        return parse_json(reply.body)
-    except RestMSError as exc:
-        raise Unavailable(f"{where}: the reply is not a RestMS JSON document: {exc}") from exc
-
-
-def _check(reply: _Reply, where: str) -> None:
-    """Nothing for a 2xx; else the exception its status calls for (module docstring)."""
-    status = reply.status
-    if 200 <= status < 300:
-        return
-    if status == 401:
-        raise Unavailable(f"{where}: the remote refused the credentials: {_reason(reply)}")
-    if status in (408, 429) or status >= 500:
-        raise Unavailable(f"{where}: {status} {_reason(reply)}", _retry_after(reply))
-    if 400 <= status < 500:
-        raise Refused(where, status, _reason(reply))
-    raise Unavailable(f"{where}: unexpected status {status}")
-
-
-def _reason(reply: _Reply) -> str:
-    """The remote's one-line reason (its text/plain body), cut at MAX_REASON."""
-    text = " ".join(reply.text().split())
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
-
-
-def _retry_after(reply: _Reply) -> float | None:
-    """Retry-After in seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER."""
-    value = reply.headers.get("Retry-After", "").strip()
-    if not value:
-        return None
-    seconds = _number(value)
-    if seconds is None:
-        when = parse_http_date(value)
-        if when is None:
-            return None
-        seconds = when - time.time()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def _number(text: str) -> float | None:
-    try:
-        value = float(text)
-    except ValueError:
-        return None
-    return value if math.isfinite(value) else None
-
-
-def _position(text: str | None) -> int | None:
-    if text is None or not text.isascii() or not text.isdigit():
-        return None
-    return int(text)
-
-
-def _form(text: str) -> str:
-    return urllib.parse.quote_plus(text)
-
-
-def _beside(base: str, href: str, where: str) -> str:
-    """``href`` read against ``base``, which it must not leave for another origin: the
-    link's credentials go with every request, and only to the remote it names."""
-    url = urllib.parse.urljoin(base, href)
-    there, here = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
-    if (there.scheme, there.netloc) != (here.scheme, here.netloc):
-        raise Unavailable(f"{where}: the remote named another origin ({redact(url)})")
-    return url
-
-
 async def _all(calls: list[Coroutine[Any, Any, T]]) -> list[T]:
     """Every result in order; the first failure cancels the rest and is raised."""
     tasks = [asyncio.ensure_future(call) for call in calls]

@@ -29,8 +29,8 @@ from aiohttp import web
 from blockbuster import BlockBuster
 
 from bridges.federation.remote import Auth, PipeGone, Refused, Unavailable
-from gateway.federation.client import MAX_REASON
 from gateway.federation.client import HttpRemote as Remote
+from gateway.federation.wire import MAX_REASON
 from restms.specs import EmbeddedContent, MessageSpec
 from tests.app.process import listening_port, main_py, start
 

@@ -1,0 +1,141 @@
+"""What a federation link's HTTP client sends and reads: the publish document it
+builds, the replies it parses, and what a reply's status means (the outcomes of
+:mod:`bridges.federation.remote`). No I/O here: :mod:`.client` does the exchanges."""
+
+from __future__ import annotations
+
+import math
+import time
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from bridges.checks import redact
+from bridges.federation.remote import Refused, Unavailable
+from restms.document import Document, Element
+from restms.errors import RestMSError
+from restms.httpdates import parse_http_date
+from restms.jsoncodec import parse_json
+from restms.specs import Content, EmbeddedContent, MessageSpec
+
+MAX_REASON = 500  # characters of a remote's refusal kept
+MAX_RETRY_AFTER = 300.0  # seconds: a longer Retry-After is taken as this
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def text(self) -> str:
+        return self.body.decode("utf-8", "replace")
+
+
+def message_document(messages: Sequence[MessageSpec]) -> bytes:
+    """The JSON publish document of ``messages``: address, properties, headers and
+    embedded contents, as the gateway reads them (restms.specs; J1-J5: every property a
+    string, every child an array, a content's text under ``value``)."""
+    listed = []
+    for spec in messages:
+        message: dict[str, Any] = {"address": spec.address, **dict(spec.props)}
+        if spec.headers:
+            message["header"] = [{"name": n, "value": v} for n, v in spec.headers]
+        if spec.contents:
+            message["content"] = [content_object(content) for content in spec.contents]
+        listed.append(message)
+    return orjson.dumps({"restms": {"message": listed}})
+
+
+def publish_reply(reply: Reply, where: str) -> list[dict[str, Any]]:
+    """The ``message`` objects of a publish reply (J1-J5), read as plain JSON: a reply
+    of thousands of counts is read several times faster than as a document."""
+    try:
+        listed = orjson.loads(reply.body)["restms"].get("message", [])
+    except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply") from exc
+    if not isinstance(listed, list) or not all(isinstance(m, dict) for m in listed):
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON publish reply")
+    return listed
+
+
+def content_object(content: Content) -> dict[str, str]:
+    if not isinstance(content, EmbeddedContent):
+        raise TypeError("only embedded contents can be published to a remote gateway")
+    return {"type": content.type, "encoding": content.encoding, "value": content.value}
+
+
+def header_elements(headers: tuple[tuple[str, str], ...]) -> tuple[Element, ...]:
+    return tuple(Element("header", {"name": name, "value": value}) for name, value in headers)
+
+
+def parse_reply(reply: Reply, where: str) -> Document:
+    try:
+        return parse_json(reply.body)
+    except RestMSError as exc:
+        raise Unavailable(f"{where}: the reply is not a RestMS JSON document: {exc}") from exc
+
+
+def check(reply: Reply, where: str) -> None:
+    """Nothing for a 2xx; else the exception its status calls for (module docstring)."""
+    status = reply.status
+    if 200 <= status < 300:
+        return
+    if status == 401:
+        raise Unavailable(f"{where}: the remote refused the credentials: {reason(reply)}")
+    if status in (408, 429) or status >= 500:
+        raise Unavailable(f"{where}: {status} {reason(reply)}", retry_after(reply))
+    if 400 <= status < 500:
+        raise Refused(where, status, reason(reply))
+    raise Unavailable(f"{where}: unexpected status {status}")
+
+
+def reason(reply: Reply) -> str:
+    """The remote's one-line reason (its text/plain body), cut at MAX_REASON."""
+    text = " ".join(reply.text().split())
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+def retry_after(reply: Reply) -> float | None:
+    """Retry-After in seconds (delta-seconds or an HTTP date), at most MAX_RETRY_AFTER."""
+    value = reply.headers.get("Retry-After", "").strip()
+    if not value:
+        return None
+    seconds = number(value)
+    if seconds is None:
+        when = parse_http_date(value)
+        if when is None:
+            return None
+        seconds = when - time.time()
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
+
+
+def number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def position(text: str | None) -> int | None:
+    if text is None or not text.isascii() or not text.isdigit():
+        return None
+    return int(text)
+
+
+def form(text: str) -> str:
+    return urllib.parse.quote_plus(text)
+
+
+def beside(base: str, href: str, where: str) -> str:
+    """``href`` read against ``base``, which it must not leave for another origin: the
+    link's credentials go with every request, and only to the remote it names."""
+    url = urllib.parse.urljoin(base, href)
+    there, here = urllib.parse.urlsplit(url), urllib.parse.urlsplit(base)
+    if (there.scheme, there.netloc) != (here.scheme, here.netloc):
+        raise Unavailable(f"{where}: the remote named another origin ({redact(url)})")
+    return url
