@@ -12,7 +12,8 @@ which the engine's keys use too)::
     {N:auth}:signing-key        string: PEM of the token signing key (SET NX: the
                                 first node's key wins, the others read it)
     {N:auth}:clients            hash: client id -> {"secret_hash", "scopes"} (JSON)
-    {N:auth}:revoked            hash: client id -> Unix time of its revocation
+    {N:auth}:revoked            hash: client id, or <client id>:<jti> for one token,
+                                -> Unix time of its revocation
     {N:auth}:failures:<sha256>  hash: one account's bucket of failed secret checks
                                 (tokens, at), expiring once it would be full again
 
@@ -58,7 +59,7 @@ from .clients import (
     verify_secret,
 )
 from .issuer import SigningKey
-from .revocations import MARGIN, refused
+from .revocations import MARGIN, check_entry, refused
 
 log = logging.getLogger(__name__)
 
@@ -304,14 +305,16 @@ class RedisRevocations:
     def __len__(self) -> int:
         return len(self.at)
 
-    def refuses(self, client_id: str | None, issued: float | None) -> bool:
-        return refused(self.at, client_id, issued)
+    def refuses(
+        self, client_id: str | None, issued: float | None, token_id: str | None = None
+    ) -> str | None:
+        return refused(self.at, client_id, issued, token_id)
 
     def stale(self) -> bool:
         return time.monotonic() > self._fresh_until
 
     async def update(self) -> list[str]:
-        """Read the shared list; the clients revoked since the last read."""
+        """Read the shared list; the entries revoked since the last read."""
         started = time.monotonic()
         with answering():
             raw = await self._redis.hgetall(self._key)
@@ -319,26 +322,27 @@ class RedisRevocations:
         at: dict[str, float] = {}
         for name, when in raw.items():
             try:
-                client_id, revoked = check_client_id(_text(name)), float(when)
+                entry, revoked = check_entry(_text(name)), float(when)
             except ValueError:
                 log.warning("a malformed entry in the shared revocation list is ignored")
                 continue
             if revoked > cutoff:
-                at[client_id] = revoked
+                at[entry] = revoked
         before, self.at = self.at, at
         self._fresh_until = started + STALE_AFTER
         return [c for c, when in at.items() if when > before.get(c, -1.0)]
 
-    async def record(self, client_id: str) -> float:
-        """Record that ``client_id`` is revoked now, in the shared list before this
-        returns; the time recorded (a later one another node recorded holds)."""
-        check_client_id(client_id)
+    async def record(self, entry: str) -> float:
+        """Record that ``entry`` (a client id, or one of its tokens:
+        :func:`auth.revocations.token_entry`) is revoked now, in the shared list before
+        this returns; the time recorded (a later one another node recorded holds)."""
+        check_entry(entry)
         now = self._clock()
         cutoff = now - self.keep - MARGIN
         with answering():
-            kept = await self._script(keys=[self._key], args=[client_id, repr(now), repr(cutoff)])
+            kept = await self._script(keys=[self._key], args=[entry, repr(now), repr(cutoff)])
         when = float(kept)
-        self.at = {**self.at, client_id: when}
+        self.at = {**self.at, entry: when}
         return when
 
 

@@ -20,6 +20,10 @@ type, and authlib ships no type information for a strictly typed layer. Its RFC 
 ``AuthorizationServerMetadata`` validates :meth:`Issuer.metadata` in the tests. JOSE is
 joserfc (authlib's own ``authlib.jose`` is deprecated in its favour).
 
+The introspection and revocation endpoints (:mod:`auth.token_endpoints`) take the
+same form and the same client authentication (:func:`parse_form`,
+:func:`client_credentials`).
+
 Errors, all mapped to an RFC 6749 section 5.2 JSON reply by ``gateway.auth.oauth``::
 
     OAuthError                   error code, description, HTTP status
@@ -27,6 +31,8 @@ Errors, all mapped to an RFC 6749 section 5.2 JSON reply by ``gateway.auth.oauth
      +-- InvalidClient           401 invalid_client (unknown, wrong secret, none given)
      +-- UnsupportedGrantType    400 unsupported_grant_type
      +-- InvalidScope            400 invalid_scope (not a scope-token, not the client's)
+     +-- TooManyChecks           429 temporarily_unavailable (past a secret-check bound)
+     +-- Unavailable             503 temporarily_unavailable (shared state not answering)
 """
 
 from __future__ import annotations
@@ -57,6 +63,10 @@ ALGORITHM = "ES256"
 TOKEN_PATH = "/oauth/token"  # noqa: S105 (a path, not a password)
 JWKS_PATH = "/.well-known/jwks.json"
 METADATA_PATH = "/.well-known/oauth-authorization-server"
+INTROSPECTION_PATH = "/oauth/introspect"  # RFC 7662
+REVOCATION_PATH = "/oauth/revoke"  # RFC 7009
+# RFC 6749 section 2.3.1, at the token, introspection and revocation endpoints alike
+CLIENT_AUTH_METHODS = ("client_secret_basic", "client_secret_post")
 FORM_TYPE = "application/x-www-form-urlencoded"
 MAX_FORM = 8 * 1024  # bytes of token request body; a real one is a few hundred
 _NOT_IN_DESCRIPTION = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
@@ -106,6 +116,14 @@ class TooManyChecks(OAuthError):
         self.retry_after = retry_after
 
 
+class Unavailable(OAuthError):
+    """The client registry, the bounds or the revocation list did not answer: RFC 6749
+    section 4.1.2.1's code for "try again later", with the gateway's 503."""
+
+    error = "temporarily_unavailable"
+    status = 503
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenRequest:
     """A well-formed client-credentials token request; the secret is not yet checked."""
@@ -122,6 +140,20 @@ def parse_token_request(content_type: str, body: bytes, authorization: str | Non
     :class:`OAuthError` subclass for anything but a well-formed client-credentials
     request with exactly one client authentication method.
     """
+    form = parse_form(content_type, body)
+    grant_type = form.get("grant_type")
+    if not grant_type:
+        raise InvalidRequest("grant_type is missing")
+    if grant_type != "client_credentials":
+        raise UnsupportedGrantType("only the client_credentials grant is supported")
+    client_id, secret = client_credentials(form, authorization)
+    return TokenRequest(client_id=client_id, client_secret=secret, scope=form.get("scope") or None)
+
+
+def parse_form(content_type: str, body: bytes) -> dict[str, str]:
+    """The parameters of a form body (``content_type`` without parameters); an
+    :class:`InvalidRequest` for another media type, a body over :data:`MAX_FORM`
+    bytes, one that does not decode, or a parameter given twice (RFC 6749 section 3.2)."""
     if content_type.lower() != FORM_TYPE:
         raise InvalidRequest(f"the request body must be {FORM_TYPE}")
     if len(body) > MAX_FORM:
@@ -140,23 +172,24 @@ def parse_token_request(content_type: str, body: bytes, authorization: str | Non
         if name in form:
             raise InvalidRequest(f"parameter {name!r} appears more than once")
         form[name] = value
-    grant_type = form.get("grant_type")
-    if not grant_type:
-        raise InvalidRequest("grant_type is missing")
-    if grant_type != "client_credentials":
-        raise UnsupportedGrantType("only the client_credentials grant is supported")
-    scope = form.get("scope") or None
+    return form
+
+
+def client_credentials(form: dict[str, str], authorization: str | None) -> tuple[str, str]:
+    """The client id and secret sent with HTTP Basic (``authorization``) or as the form
+    fields ``client_id`` and ``client_secret`` (RFC 6749 section 2.3.1), unchecked; an
+    :class:`OAuthError` when there are none, or both ways are used."""
     body_id, body_secret = form.get("client_id"), form.get("client_secret")
     if authorization is not None:
         client_id, secret = _basic_credentials(authorization)
         if body_secret is not None or (body_id is not None and body_id != client_id):
             raise InvalidRequest("use one client authentication method, not two")
-        return TokenRequest(client_id=client_id, client_secret=secret, scope=scope)
+        return client_id, secret
     if body_id is None:
         raise InvalidClient("client authentication is required")
     if body_secret is None:
         raise InvalidClient("client_secret is missing")
-    return TokenRequest(client_id=body_id, client_secret=body_secret, scope=scope)
+    return body_id, body_secret
 
 
 def _basic_credentials(authorization: str) -> tuple[str, str]:
@@ -302,15 +335,21 @@ class Issuer:
 
         ``response_types_supported`` is required and empty: there is no authorization
         endpoint. ``grant_types_supported`` must be given, as its default
-        (authorization_code, implicit) is wrong here.
+        (authorization_code, implicit) is wrong here. The introspection (RFC 7662) and
+        revocation (RFC 7009) endpoints authenticate clients as the token endpoint does.
         """
+        methods = list(CLIENT_AUTH_METHODS)
         document: dict[str, Any] = {
             "issuer": self.issuer,
             "token_endpoint": self.issuer + TOKEN_PATH,
             "jwks_uri": self.issuer + JWKS_PATH,
             "grant_types_supported": ["client_credentials"],
-            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+            "token_endpoint_auth_methods_supported": methods,
             "response_types_supported": [],
+            "introspection_endpoint": self.issuer + INTROSPECTION_PATH,
+            "introspection_endpoint_auth_methods_supported": methods,
+            "revocation_endpoint": self.issuer + REVOCATION_PATH,
+            "revocation_endpoint_auth_methods_supported": methods,
         }
         if self.scopes:
             document["scopes_supported"] = list(self.scopes)

@@ -43,6 +43,8 @@ class Principal:
     # The iat of the built-in issuer's token it came with, which a revocation of its
     # client is checked against (auth.revocations); None for every other principal.
     issued: float | None = None
+    # The jti of that token, which a revocation of the token alone names; None else.
+    token_id: str | None = None
 
 
 @functools.lru_cache(maxsize=4096)

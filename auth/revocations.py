@@ -19,6 +19,10 @@ the gateway notices a new version of the file (:meth:`Revocations.refresh`: a ch
 inode, size, mtime or ctime, as :class:`auth.clients.ClientStore` does) to learn of
 revocations it did not make.
 
+One token alone can be revoked too (RFC 7009, ``POST /oauth/revoke``): its entry is
+named ``<client id>:<jti>`` (:func:`token_entry`; a client id has no ``:``), kept and
+dropped like a client's, and refuses that token only, whatever its ``iat``.
+
 ``iat`` has a resolution of one second, and a token request may be under way while a
 client is revoked, so tokens issued up to :data:`MARGIN` seconds after the revocation
 are refused too: a client re-added under the same id gets working tokens after that.
@@ -37,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -47,17 +52,53 @@ from .clients import check_client_id, file_lock, write_private
 
 REVOKED_FILE = Path("oauth", "revoked.json")  # relative to the data directory
 MARGIN = 1.0  # seconds after a revocation during which new tokens are still refused
+CLIENT_REVOKED = "its client was revoked"  # why a token is refused, as a reply says it
+TOKEN_REVOKED = "the token was revoked"  # noqa: S105 (a reason, not a password)
+_TOKEN_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a jti of the built-in issuer
 
 
-def refused(at: Mapping[str, float], client_id: str | None, issued: float | None) -> bool:
-    """Whether a token of the built-in issuer for ``client_id`` issued at ``issued``
-    (its ``iat``; None: unknown, refused) predates that client's revocation in ``at``."""
+def token_entry(client_id: str, token_id: str) -> str:
+    """The entry that revokes one token: its client id and its ``jti``; ValueError when
+    either is malformed."""
+    if not _TOKEN_ID.fullmatch(token_id):
+        raise ValueError("a token id must be 1 to 64 of A-Z a-z 0-9 _ -")
+    return f"{check_client_id(client_id)}:{token_id}"
+
+
+def check_entry(entry: str) -> str:
+    """``entry`` if it names a client or one of its tokens (:func:`token_entry`); else
+    ValueError."""
+    client_id, colon, token_id = entry.partition(":")
+    if colon:
+        token_entry(client_id, token_id)
+    else:
+        check_client_id(client_id)
+    return entry
+
+
+def client_of(entry: str) -> str:
+    """The client an entry revokes, or whose token it revokes."""
+    return entry.partition(":")[0]
+
+
+def refused(
+    at: Mapping[str, float],
+    client_id: str | None,
+    issued: float | None,
+    token_id: str | None = None,
+) -> str | None:
+    """Why a token of the built-in issuer for ``client_id`` issued at ``issued`` (its
+    ``iat``; None: unknown, refused) with the ``jti`` ``token_id`` is refused by ``at``:
+    it predates its client's revocation (:data:`CLIENT_REVOKED`) or it was revoked
+    itself (:data:`TOKEN_REVOKED`); None when it is not."""
     if not at or client_id is None:
-        return False
+        return None
     revoked = at.get(client_id)
-    if revoked is None:
-        return False
-    return issued is None or issued <= revoked + MARGIN
+    if revoked is not None and (issued is None or issued <= revoked + MARGIN):
+        return CLIENT_REVOKED
+    if token_id is not None and f"{client_id}:{token_id}" in at:
+        return TOKEN_REVOKED
+    return None
 
 
 class RevocationList(Protocol):
@@ -65,10 +106,13 @@ class RevocationList(Protocol):
 
     @property
     def at(self) -> Mapping[str, float]:
-        """Client id -> time of its revocation, as this node knows it (usually empty)."""
+        """Entry (a client id, or a :func:`token_entry`) -> time of its revocation, as
+        this node knows it (usually empty)."""
         ...
 
-    def refuses(self, client_id: str | None, issued: float | None) -> bool:
+    def refuses(
+        self, client_id: str | None, issued: float | None, token_id: str | None = None
+    ) -> str | None:
         """:func:`refused`, on what this node knows: no I/O (the hot path)."""
         ...
 
@@ -77,16 +121,18 @@ class RevocationList(Protocol):
         ...
 
     async def update(self) -> list[str]:
-        """Learn of revocations made elsewhere; the clients revoked since last time."""
+        """Learn of revocations made elsewhere; the entries revoked since last time."""
         ...
 
-    async def record(self, client_id: str) -> float:
-        """Revoke ``client_id`` now, kept before this returns; the time recorded."""
+    async def record(self, entry: str) -> float:
+        """Revoke ``entry`` (a client id, or a :func:`token_entry`) now, kept before this
+        returns; the time recorded."""
         ...
 
 
 class Revocations:
-    """Client id -> Unix time of its revocation, kept in ``path`` (None: in memory)."""
+    """Entry (client id or :func:`token_entry`) -> Unix time of its revocation, kept in
+    ``path`` (None: in memory)."""
 
     def __init__(
         self, path: Path | None, keep: float, clock: Callable[[], float] = time.time
@@ -103,10 +149,11 @@ class Revocations:
     def __len__(self) -> int:
         return len(self.at)
 
-    def refuses(self, client_id: str | None, issued: float | None) -> bool:
-        """Whether a token of the built-in issuer for ``client_id`` issued at ``issued``
-        (its ``iat``; None: unknown, refused) predates that client's revocation."""
-        return refused(self.at, client_id, issued)
+    def refuses(
+        self, client_id: str | None, issued: float | None, token_id: str | None = None
+    ) -> str | None:
+        """Why a token of the built-in issuer is refused (:func:`refused`), or None."""
+        return refused(self.at, client_id, issued, token_id)
 
     def stale(self) -> bool:
         """Never: this node's file is what is in force (a damaged one keeps what was read)."""
@@ -116,9 +163,9 @@ class Revocations:
         """:meth:`refresh`, in a thread."""
         return await asyncio.to_thread(self.refresh)
 
-    async def record(self, client_id: str) -> float:
+    async def record(self, entry: str) -> float:
         """:meth:`revoke`, in a thread."""
-        return await asyncio.to_thread(self.revoke, client_id)
+        return await asyncio.to_thread(self.revoke, entry)
 
     def load(self) -> None:
         """Read the file (blocking); a missing file is an empty list, a malformed one a
@@ -128,7 +175,7 @@ class Revocations:
 
     def refresh(self) -> list[str]:
         """Read the file again if it is not the version read last (blocking), and return
-        the clients revoked since (new entries, or later times). A malformed file is a
+        the entries revoked since (new ones, or later times). A malformed file is a
         ValueError (an unreadable one an OSError), and what was read before stays: a
         damaged file never brings a revoked token back."""
         path = self.path
@@ -144,19 +191,20 @@ class Revocations:
             self.at = at
         return [c for c, when in at.items() if when > before.get(c, -1.0)]
 
-    def revoke(self, client_id: str) -> float:
-        """Record that ``client_id`` is revoked now, on disk before this returns
-        (blocking), with what other writers put in the file; returns the time recorded."""
-        check_client_id(client_id)
+    def revoke(self, entry: str) -> float:
+        """Record that ``entry`` (a client id, or a :func:`token_entry`) is revoked now,
+        on disk before this returns (blocking), with what other writers put in the file;
+        returns the time recorded."""
+        check_entry(entry)
         path = self.path
         with self._lock:
             if path is None:
                 now = self._clock()
-                self.at = self._pruned({**self.at, client_id: now})
+                self.at = self._pruned({**self.at, entry: now})
                 return now
             with file_lock(path):
                 now = self._clock()
-                at = self._pruned({**_later(self.at, self._read(path)), client_id: now})
+                at = self._pruned({**_later(self.at, self._read(path)), entry: now})
                 document = {"version": 1, "revoked": at}
                 write_private(path, json.dumps(document, indent=2).encode() + b"\n")
                 self._version = self._stat(path)
@@ -187,11 +235,11 @@ class Revocations:
         if not isinstance(entries, dict):
             raise ValueError(f"the revocation list {path} is malformed")
         at: dict[str, float] = {}
-        for client_id, when in entries.items():
+        for entry, when in entries.items():
             if not isinstance(when, int | float) or isinstance(when, bool):
                 raise ValueError(f"the revocation list {path} is malformed")
             try:
-                at[check_client_id(client_id)] = float(when)
+                at[check_entry(entry)] = float(when)
             except ValueError as exc:
                 raise ValueError(f"the revocation list {path} is malformed") from exc
         return at
@@ -199,13 +247,13 @@ class Revocations:
     def _pruned(self, at: dict[str, float]) -> dict[str, float]:
         """Without entries every token issued before which has expired."""
         cutoff = self._clock() - self.keep - MARGIN
-        return {client_id: when for client_id, when in at.items() if when > cutoff}
+        return {entry: when for entry, when in at.items() if when > cutoff}
 
 
 def _later(ours: dict[str, float], theirs: dict[str, float]) -> dict[str, float]:
     """Both lists in one: an entry in either is kept, and the later of two times holds
     (an entry leaves only by :meth:`Revocations._pruned`)."""
     merged = {**ours, **theirs}
-    for client_id, when in ours.items():
-        merged[client_id] = max(when, merged[client_id])
+    for entry, when in ours.items():
+        merged[entry] = max(when, merged[entry])
     return merged

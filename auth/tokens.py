@@ -105,6 +105,7 @@ class Claims:
     expires: float | None  # epoch seconds; None only for introspected tokens
     client_id: str | None = None
     issued: float | None = None  # "iat", epoch seconds (revoked clients: auth.revocations)
+    token_id: str | None = None  # "jti" (a token revoked alone: auth.revocations)
 
     def __post_init__(self) -> None:
         if not self.subject:
@@ -357,6 +358,7 @@ class JwtVerifier:
             expires=expires,
             client_id=_text(payload, "client_id") or _text(payload, "azp"),
             issued=issued,
+            token_id=_text(payload, "jti"),
         )
 
     async def _keys(self, state: _IssuerKeys, algorithm: JWSAlgModel, kid: str | None) -> list[Key]:

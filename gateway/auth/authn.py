@@ -44,9 +44,17 @@ from auth import ACTIONS, GUEST, Guests, Principal, Tenants, User, cluster, gran
 from auth.clients import CLIENTS_FILE, DUMMY_HASH, Clients, ClientStore, FileClients, verify_secret
 from auth.issuer import KEY_FILE, Issuer, SigningKey
 from auth.limits import RateLimiter, SecretChecks, Slots
-from auth.revocations import REVOKED_FILE, RevocationList, Revocations
+from auth.revocations import (
+    CLIENT_REVOKED,
+    REVOKED_FILE,
+    RevocationList,
+    Revocations,
+    client_of,
+)
+from auth.token_endpoints import OwnTokens
 from auth.tokens import Introspector, JwtVerifier, TokenError, TrustedIssuer, Verifier
 from gateway.admin import page
+from gateway.auth.oauth import OWN_TOKENS
 from gateway.server.config import Config
 from gateway.server.connections import waits
 from gateway.server.keys import CHECKS, CLIENTS, CONFIG, ISSUER, SERVICE
@@ -157,15 +165,17 @@ class Authenticator:
             if revoked is not None and (revoked.at or revoked.stale()):  # usually neither
                 if revoked.stale():
                     raise ServiceUnavailable("the revocation list cannot be read; retry later")
-                if revoked.refuses(claims.subject, issued):
-                    raise Revoked("bearer token refused: its client was revoked")
+                why = revoked.refuses(claims.subject, issued, claims.token_id)
+                if why:
+                    raise Revoked(why, f"bearer token refused: {why}")
         prefix = self.prefixes.get(claims.issuer)
         if prefix is None:  # introspected, from no issuer we know: named after the endpoint
             prefix = self.introspected
         name = prefix + claims.subject
         if name == GUEST:  # reserved for loopback guests: never reached through a token
             raise Unauthorized("bearer token refused: its subject is reserved", self.challenges)
-        return Principal(name, grants(claims.scopes), claims.expires, "bearer", issued)
+        token_id = claims.token_id if issued is not None else None  # ours only: revocable
+        return Principal(name, grants(claims.scopes), claims.expires, "bearer", issued, token_id)
 
     async def basic(self, credentials: str, peer: str | None, forwarded: bool) -> Principal:
         try:
@@ -196,22 +206,23 @@ class Authenticator:
         return principal
 
     # ------------------------------------------------------------ revocation
-    def refuses(self, principal: Principal) -> bool:
-        """Whether ``principal``'s token has been revoked since it was accepted."""
+    def refuses(self, principal: Principal) -> str | None:
+        """Why ``principal``'s token has been refused since it was accepted (its client
+        or the token itself was revoked), or None."""
         revoked = self.revocations
-        return (
-            principal.issued is not None
-            and revoked is not None
-            and bool(revoked.at)
-            and revoked.refuses(principal.name, principal.issued)
-        )
+        if principal.issued is None or revoked is None or not revoked.at:
+            return None
+        return revoked.refuses(principal.name, principal.issued, principal.token_id)
 
-    def end_revoked(self, client_id: str) -> int:
-        """End every wait, stream and WebSocket held with a token of ``client_id`` that
-        is now refused (its :class:`Waiting` ends it); returns how many."""
+    def end_revoked(self, entry: str) -> int:
+        """End every wait, stream and WebSocket held with a token that the revocation
+        ``entry`` (a client id, or one token of it: :func:`auth.revocations.token_entry`)
+        refuses now (its :class:`Waiting` ends it); returns how many."""
+        client_id = client_of(entry)
         ended = 0
         for held in list(self.held.get(client_id, ())):
-            if self.refuses(held.principal) and held.revoke():
+            why = self.refuses(held.principal)
+            if why and held.revoke(why):
                 ended += 1
         if ended:
             log.info("revoked client's connections ended", extra={"client_id": client_id})
@@ -252,12 +263,15 @@ class Authenticator:
 
 
 class Revoked(Unauthorized):
-    """A token of a revoked client: refused when it arrives, and ended where it is held
-    open (a wait answers this 401; a stream or a WebSocket says so and ends)."""
+    """A revoked token (its client was revoked, or the token alone): refused when it
+    arrives, and ended where it is held open (a wait answers this 401; a stream or a
+    WebSocket says so and ends). ``why`` is :data:`auth.revocations.CLIENT_REVOKED` or
+    :data:`~auth.revocations.TOKEN_REVOKED`."""
 
-    def __init__(self, reason: str = "its client was revoked; get a new token") -> None:
-        challenge = bearer_challenge("invalid_token", "its client was revoked")
-        super().__init__(reason, (challenge,))
+    def __init__(self, why: str = CLIENT_REVOKED, reason: str | None = None) -> None:
+        challenge = bearer_challenge("invalid_token", why)
+        super().__init__(reason or f"{why}; get a new token", (challenge,))
+        self.why = why
 
 
 def bearer_challenge(error: str, description: str) -> str:
@@ -449,10 +463,17 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         app[CLIENTS] = clients
         app[CHECKS] = authenticator.secret_checks
         authenticator.revocations, authenticator.builtin = revocations, issuer.issuer
-        trusted.append(
-            TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
-        )
+        own = TrustedIssuer(issuer=issuer.issuer, audience=config.audience, keys=key.public_jwks())
+        trusted.append(own)
         authenticator.prefixes[issuer.issuer] = ""
+        # Introspection and revocation (/oauth/introspect, /oauth/revoke) judge the
+        # issuer's own tokens only: a verifier that trusts no other issuer.
+        app[OWN_TOKENS] = OwnTokens(
+            JwtVerifier([own], fetch, leeway=config.token_leeway),
+            config.audience,
+            revocations,
+            authenticator.end_revoked,
+        )
     for entry in config.issuers:
         keys = await asyncio.to_thread(_read_json, entry.jwks_file) if entry.jwks_file else None
         trusted.append(
@@ -567,7 +588,7 @@ class Waiting:
     a client that went away, and the caller answers 401 or ends its stream.
     """
 
-    __slots__ = ("_authenticator", "_cancelling", "_kind", "_task", "principal")
+    __slots__ = ("_authenticator", "_cancelling", "_kind", "_task", "_why", "principal")
 
     def __init__(self, authenticator: Authenticator, kind: str, principal: Principal) -> None:
         self._authenticator = authenticator
@@ -575,6 +596,7 @@ class Waiting:
         self.principal = principal
         self._task: asyncio.Task[Any] | None = None  # set while listed; None once revoked
         self._cancelling = 0
+        self._why = CLIENT_REVOKED  # what revoked it
 
     def _slots(self) -> Slots:
         authenticator = self._authenticator
@@ -594,15 +616,16 @@ class Waiting:
                 self._task, self._cancelling = task, task.cancelling()
                 authenticator.held.setdefault(name, set()).add(self)
 
-    def revoke(self) -> bool:
+    def revoke(self, why: str = CLIENT_REVOKED) -> bool:
         """End the wait (its task is cancelled, and ``__exit__`` raises
-        :class:`Revoked`); False when it is not listed, or was revoked already."""
+        :class:`Revoked` saying ``why``); False when it is not listed, or was revoked
+        already."""
         task = self._task
         if task is None or task.done():
             return False
-        self._task = None
+        self._task, self._why = None, why
         self._unlist()
-        task.cancel("its client was revoked")
+        task.cancel(why)
         return True
 
     def _unlist(self) -> None:
@@ -635,4 +658,4 @@ class Waiting:
             and task is not None
             and task.uncancel() <= self._cancelling
         ):
-            raise Revoked() from None
+            raise Revoked(self._why) from None

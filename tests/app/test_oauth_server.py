@@ -249,13 +249,14 @@ async def test_jwks_document(server: Server) -> None:
     assert (key["kty"], key["crv"], key["alg"], key["use"]) == ("EC", "P-256", "ES256", "sig")
 
 
-def test_public_paths_are_the_three_routes() -> None:
-    assert (
-        frozenset(
-            {"/oauth/token", "/.well-known/jwks.json", "/.well-known/oauth-authorization-server"}
-        )
-        == PUBLIC_PATHS
-    )
+def test_public_paths_are_the_five_routes() -> None:
+    assert {
+        "/oauth/token",
+        "/oauth/introspect",
+        "/oauth/revoke",
+        "/.well-known/jwks.json",
+        "/.well-known/oauth-authorization-server",
+    } == PUBLIC_PATHS
 
 
 # -- the command line -----------------------------------------------------------------

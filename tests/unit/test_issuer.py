@@ -197,6 +197,13 @@ def test_metadata_is_valid_rfc_8414(key: SigningKey) -> None:
         "client_secret_post",
     ]
     assert document["scopes_supported"] == ["restms:read"]
+    assert document["introspection_endpoint"] == "https://gw.example/base/oauth/introspect"
+    assert document["revocation_endpoint"] == "https://gw.example/base/oauth/revoke"
+    for endpoint in ("introspection", "revocation"):  # as the token endpoint's
+        assert document[f"{endpoint}_endpoint_auth_methods_supported"] == [
+            "client_secret_basic",
+            "client_secret_post",
+        ]
     # RFC 8414 requires the member; no authorization endpoint means no response types.
     # authlib's validator reads an empty list as absent, so it checks everything else.
     assert document["response_types_supported"] == []

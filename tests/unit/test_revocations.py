@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from auth.revocations import MARGIN, Revocations
+from auth.revocations import (
+    CLIENT_REVOKED,
+    MARGIN,
+    TOKEN_REVOKED,
+    Revocations,
+    check_entry,
+    client_of,
+    token_entry,
+)
 
 KEEP = 3600.0  # the token lifetime plus leeway
 
@@ -81,12 +89,15 @@ def test_in_memory_without_a_path() -> None:
         b'{"version": 1, "revoked": {"a b": 1}}',
         b'{"version": 1, "revoked": {"w": "soon"}}',
         b'{"version": 1, "revoked": {"w": true}}',
+        b'{"version": 1, "revoked": {"w:": 1}}',
+        b'{"version": 1, "revoked": {"w:a:b": 1}}',
+        b'{"version": 1, "revoked": {":abc": 1}}',
     ],
 )
 def test_a_damaged_file_stops_the_start(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "revoked.json"
     path.write_bytes(content)
-    with pytest.raises(ValueError, match=r"revoked\.json|client id"):
+    with pytest.raises(ValueError, match=r"revoked\.json|client id|token id"):
         Revocations(path, KEEP, Clock()).load()
 
 
@@ -123,3 +134,34 @@ def test_a_damaged_file_while_running_keeps_what_was_read(tmp_path: Path) -> Non
     path.unlink()  # a list removed by hand revokes nothing back either
     assert revoked.refresh() == []
     assert revoked.refuses("a", clock.now - 1)
+
+
+def test_one_token_alone_is_refused_whenever_it_was_issued(tmp_path: Path) -> None:
+    clock = Clock()
+    path = tmp_path / "oauth" / "revoked.json"
+    revoked = Revocations(path, KEEP, clock)
+    entry = token_entry("worker", "Jti_of-22-characters_x")
+    assert entry == "worker:Jti_of-22-characters_x"
+    assert (check_entry(entry), client_of(entry)) == (entry, "worker")
+    revoked.revoke(entry)
+    assert revoked.refuses("worker", clock.now - 100, "Jti_of-22-characters_x") == TOKEN_REVOKED
+    assert revoked.refuses("worker", clock.now + 100, "Jti_of-22-characters_x") == TOKEN_REVOKED
+    assert revoked.refuses("worker", clock.now - 100, "another-token") is None
+    assert revoked.refuses("worker", clock.now - 100) is None  # no jti: not that token
+    assert revoked.refuses("other", clock.now - 100, "Jti_of-22-characters_x") is None
+    revoked.revoke("worker")  # the client too: its own reason comes first
+    assert revoked.refuses("worker", clock.now - 100, "Jti_of-22-characters_x") == CLIENT_REVOKED
+    again = Revocations(path, KEEP, clock)
+    again.load()  # kept on disk like a client's entry, and dropped like one
+    assert again.refuses("worker", clock.now + 100, "Jti_of-22-characters_x") == TOKEN_REVOKED
+    clock.now += KEEP + MARGIN + 1
+    again.revoke("unrelated")
+    assert again.refuses("worker", clock.now, "Jti_of-22-characters_x") is None
+
+
+@pytest.mark.parametrize(
+    ("client_id", "token_id"), [("a b", "jti"), ("worker", ""), ("worker", "a:b"), ("w", "x" * 65)]
+)
+def test_malformed_token_entries_are_refused(client_id: str, token_id: str) -> None:
+    with pytest.raises(ValueError, match="must be 1 to 64"):
+        token_entry(client_id, token_id)
