@@ -11,7 +11,6 @@ from aiohttp import web
 
 from auth import cluster
 from auth.cluster import Shared
-from auth.issuer import JWKS_PATH, METADATA_PATH, TOKEN_PATH
 from feeds.service import EngineService
 from gateway.admin import analytics, bridging, metrics, mirroring, page
 from gateway.admin import api as admin
@@ -75,9 +74,7 @@ def build_app(
     page.add_routes(app)  # the live page at / (docs/BROWSER.md)
     analytics.add_routes(app)  # GET /analytics/... over a Spark worker (docs/ANALYTICS.md)
     if config.builtin_issuer:  # the issuer itself is made at start-up (its key is read)
-        app.router.add_post(TOKEN_PATH, oauth.token)
-        app.router.add_get(JWKS_PATH, oauth.jwks)
-        app.router.add_get(METADATA_PATH, oauth.metadata)
+        oauth.serve(app)  # token, introspection, revocation, JWKS, metadata
     app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(mirroring.mirror_context)  # first in, last out: sees every event
     if shared is not None:
