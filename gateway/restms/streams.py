@@ -18,9 +18,10 @@ Both are readers of the same pipe cursor as the asynclet (one queue model):
   message is deleted once its part is written (parts cannot be acknowledged).
 
 Both end when the pipe is deleted, the client goes, ``stream_max`` seconds pass, the
-request's access token expires (SSE says so with an ``expired`` event) or its client is
-revoked (a ``revoked`` event; :class:`gateway.auth.authn.Waiting` stops the stream), or the
-gateway shuts down: SSE clients reconnect after ``retry``. Each open stream holds one of
+request's access token expires (SSE says so with an ``expired`` event) or is revoked,
+alone or with its client (a ``revoked`` event saying which;
+:class:`gateway.auth.authn.Waiting` stops the stream), or the gateway shuts down: SSE
+clients reconnect after ``retry``. Each open stream holds one of
 its principal's waiting slots (``max_waits_per_principal``).
 
 Both read through the engine service's cursor (:meth:`feeds.service.EngineService.cursor`),
@@ -71,8 +72,8 @@ async def sse(request: web.Request, key: str) -> web.StreamResponse:
     try:
         with waiting(request, "sse"):
             return await _sse(request, key, response)
-    except Revoked:
-        return await _ended(response, b"event: revoked\ndata: its client was revoked\n\n")
+    except Revoked as exc:
+        return await _ended(response, b"event: revoked\ndata: %s\n\n" % exc.why.encode(), exc)
 
 
 async def _sse(request: web.Request, key: str, response: web.StreamResponse) -> web.StreamResponse:
@@ -144,15 +145,15 @@ async def multipart(request: web.Request, key: str) -> web.StreamResponse:
     try:
         with waiting(request, "stream"):
             return await _multipart(request, key, response, fmt, boundary)
-    except Revoked:
-        return await _ended(response, b"--\r\n")  # after a part's delimiter
+    except Revoked as exc:
+        return await _ended(response, b"--\r\n", exc)  # after a part's delimiter
 
 
-async def _ended(response: web.StreamResponse, last: bytes) -> web.StreamResponse:
-    """A stream whose token was revoked while it ran ends with ``last`` (a plain 401
-    if it had not begun)."""
+async def _ended(response: web.StreamResponse, last: bytes, exc: Revoked) -> web.StreamResponse:
+    """A stream whose token was revoked while it ran ends with ``last`` (``exc``, a
+    plain 401, if it had not begun)."""
     if not response.prepared:
-        raise Revoked()
+        raise exc
     with contextlib.suppress(ConnectionError):
         await response.write(last)
     return response
