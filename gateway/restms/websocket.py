@@ -30,8 +30,8 @@ beside the asynclet and SSE (:mod:`gateway.restms.streams`):
   the status and reason an HTTP request would have got, and the socket stays open;
   after ``websocket_max_errors`` refusals in a row it closes (1008). A frame over
   ``websocket_max_frame`` bytes is not read at all: aiohttp closes with 1009.
-* **The end.** The pipe deleted (4404), the token expired (4401), its client
-  revoked (1008: :class:`gateway.auth.authn.Waiting` cancels the handler, which is then
+* **The end.** The pipe deleted (4404), the token expired (4401), the token or its
+  client revoked (1008: :class:`gateway.auth.authn.Waiting` cancels the handler, which is then
   told :class:`~gateway.auth.authn.Revoked`), ``websocket_max_life`` reached (1000) and
   shutdown (1001) each send an ``end`` frame, then close with that code. A client
   that stops answering pings is dropped.
@@ -59,6 +59,7 @@ import orjson
 from aiohttp import WSMsgType, web
 
 import restms
+from auth.revocations import TOKEN_REVOKED
 from feeds.service import Blob, Cursor, Gap, Message
 from gateway.auth.authn import PRINCIPAL, Revoked, waiting
 from gateway.restms import http, views
@@ -104,7 +105,13 @@ LIFE = End(1000, "the socket reached its maximum life; reconnect")
 SHUTDOWN = End(1001, "the gateway is shutting down; reconnect later")
 ABUSE = End(1008, "too many refused frames in a row")
 REVOKED = End(1008, "the access token's client was revoked")
+REVOKED_ALONE = End(1008, "the access token was revoked")
 BROKEN = End(1011, "internal error; it has been logged")
+
+
+def revoked(why: str) -> End:
+    """How a socket whose token was refused ends (``why``: :class:`Revoked`'s)."""
+    return REVOKED_ALONE if why == TOKEN_REVOKED else REVOKED
 
 
 # ---------------------------------------------------------------- client frames (sans-IO)
@@ -312,10 +319,10 @@ async def serve(request: web.Request, key: str, publish: Publisher) -> web.Strea
         with waiting(request, "websocket"):
             await ws.prepare(request)
             await session.run()
-    except Revoked:
+    except Revoked as exc:
         if not ws.prepared:
             raise  # not upgraded yet: a plain 401
-        await session.finish(REVOKED)
+        await session.finish(revoked(exc.why))
     return ws
 
 
@@ -434,8 +441,9 @@ class Session:
             if http.credential_life(request) <= 0:
                 await self.finish(EXPIRED)  # nothing is served on an expired token
                 return
-            if authenticator.refuses(principal):  # nor on a revoked one
-                await self.finish(REVOKED)
+            why = authenticator.refuses(principal)
+            if why:  # nor on a revoked one
+                await self.finish(revoked(why))
                 return
             if received.type is WSMsgType.TEXT:
                 answer = await self.answer(received.data)
