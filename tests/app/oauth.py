@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
+
 from auth.clients import Client, hash_secret
 from tests.conftest import Gateway
 
@@ -79,3 +81,30 @@ class As:
         spec = {"type": "fanout"} | ({"name": name} if name is not None else {})
         _, headers = await self.ok("POST", DOMAIN, {"feed": [spec]})
         return str(headers["Location"])
+
+
+async def open_sse(gw: Gateway, who: As, pipe: str) -> aiohttp.ClientResponse:
+    """An SSE response on ``pipe``, its first line read."""
+    reply = await gw.http.get(
+        pipe,
+        headers={**who.auth, "Accept": "text/event-stream"},
+        timeout=aiohttp.ClientTimeout(total=30),
+    )
+    assert reply.status == 200
+    assert await reply.content.readline() == b"retry: 2000\n"
+    return reply
+
+
+async def open_stream(gw: Gateway, who: As) -> aiohttp.ClientResponse:
+    """The reply of a new stream pipe's asynclet, its first delimiter read."""
+    _, created = await who.ok("POST", DOMAIN, {"pipe": [{"type": "stream"}]})
+    listed, _ = await who.ok("GET", created["Location"])
+    reply = await gw.http.get(
+        listed["restms"]["pipe"][0]["message"][-1]["href"],
+        headers={**who.auth, "Accept": "application/restms+json"},
+        timeout=aiohttp.ClientTimeout(total=30),
+    )
+    assert reply.content_type == "multipart/mixed"
+    boundary = reply.headers["Content-Type"].partition("boundary=")[2].encode()
+    assert await reply.content.readexactly(len(boundary) + 2) == b"--" + boundary
+    return reply

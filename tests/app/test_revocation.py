@@ -27,7 +27,7 @@ import pytest
 
 from gateway.auth.authn import AUTH
 from gateway.server.keys import CONFIG
-from tests.app.oauth import DOMAIN, As, clients, token
+from tests.app.oauth import DOMAIN, As, clients, open_sse, open_stream, token
 from tests.app.process import main_py
 from tests.conftest import Gateway, MakeGateway
 
@@ -86,23 +86,8 @@ async def open_everything(gw: Gateway, worker: As, audit: str) -> Held:
     await ws.send_str(json.dumps(publish))
     answer = json.loads((await ws.receive(timeout=BOUND)).data)
     assert answer == {"type": "published", "message": [{"count": 1}], "id": 1}
-    sse = await gw.http.get(
-        pipe,
-        headers={**worker.auth, "Accept": "text/event-stream"},
-        timeout=aiohttp.ClientTimeout(total=30),
-    )
-    assert sse.status == 200
-    assert await sse.content.readline() == b"retry: 2000\n"
-    _, created = await worker.ok("POST", DOMAIN, {"pipe": [{"type": "stream"}]})
-    listed, _ = await worker.ok("GET", created["Location"])
-    stream = await gw.http.get(
-        listed["restms"]["pipe"][0]["message"][-1]["href"],
-        headers={**worker.auth, "Accept": "application/restms+json"},
-        timeout=aiohttp.ClientTimeout(total=30),
-    )
-    assert stream.content_type == "multipart/mixed"
-    boundary = stream.headers["Content-Type"].partition("boundary=")[2].encode()
-    assert await stream.content.readexactly(len(boundary) + 2) == b"--" + boundary
+    sse = await open_sse(gw, worker, pipe)
+    stream = await open_stream(gw, worker)
     listed, _ = await worker.ok("GET", pipe)
     asynclet = asyncio.create_task(
         worker.call("GET", listed["restms"]["pipe"][0]["message"][-1]["href"])
