@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from openapi_spec_validator import validate
 
-from auth.issuer import TOKEN_PATH
+from auth.issuer import INTROSPECTION_PATH, REVOCATION_PATH, TOKEN_PATH
 from auth.scopes import ACTIONS, PREFIX
 from gateway.admin.bridging import IDENTITY_PATH
 from gateway.auth.authn import PUBLIC, UNCHECKED_UNDER
@@ -20,6 +20,7 @@ from gateway.server.config import Config
 from gateway.server.middleware import UNROUTED
 from main import open_engine
 
+OAUTH_POSTS = (TOKEN_PATH, INTROSPECTION_PATH, REVOCATION_PATH)
 SPEC = Path(__file__).resolve().parents[2] / "openapi" / "openapi.yaml"
 VERBS = ("get", "put", "post", "delete", "head", "options", "patch", "trace")
 
@@ -189,14 +190,14 @@ def test_restms_documents_are_described_in_both_media_types() -> None:
 
 
 def test_every_error_is_described_as_text_plain() -> None:
-    """4xx and 5xx bodies are one text/plain line, but the token endpoint's 400, 401, 429
-    and 503 (RFC 6749 section 5.2: JSON)."""
+    """4xx and 5xx bodies are one text/plain line, but the 400, 401, 429 and 503 of the
+    token, introspection and revocation endpoints (RFC 6749 section 5.2: JSON)."""
     spec = _spec()
     for path, verb, operation in _operations(spec):
         for status, reply in operation["responses"].items():
             if status[0] not in "45":
                 continue
             content = set(_resolved(spec, reply).get("content", {}))
-            rfc6749 = path == TOKEN_PATH and status in ("400", "401", "429", "503")
+            rfc6749 = path in OAUTH_POSTS and status in ("400", "401", "429", "503")
             expected = {"application/json"} if rfc6749 else {"text/plain"}
             assert content == expected, (path, verb, status, content)
