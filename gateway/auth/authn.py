@@ -558,8 +558,8 @@ async def watch_revocations(authenticator: Authenticator, revocations: Revocatio
         if failing:
             log.info("revocation list read again")
             failing = False
-        for client_id in revoked:
-            authenticator.end_revoked(client_id)
+        for entry in revoked:  # a client, or one token of it
+            authenticator.end_revoked(entry)
 
 
 def waiting(request: web.Request, kind: str) -> Waiting:
