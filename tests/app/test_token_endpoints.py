@@ -200,6 +200,20 @@ async def test_the_hint_is_ignored_whatever_it_says(make_gateway: MakeGateway) -
     assert await introspect(gw, "app", secrets["app"], tok) == INACTIVE
 
 
+async def test_a_token_of_a_revoked_client_is_inactive(make_gateway: MakeGateway) -> None:
+    configured, secrets = await clients(root="restms:admin", rs="restms:introspect")
+    gw = await make_gateway(clients=configured, oauth_issuer=ISS)
+    root = As.bearer(gw, await token(gw, "root", secrets["root"]))
+    added = {"client_id": "worker", "scopes": ["restms:read"]}
+    async with gw.http.post("/admin/clients", json=added, headers=root.auth) as r:
+        assert r.status == 201
+        tok = await token(gw, "worker", (await r.json())["client_secret"])
+    assert (await introspect(gw, "rs", secrets["rs"], tok))["active"]
+    async with gw.http.delete("/admin/clients/worker", headers=root.auth) as r:
+        assert r.status == 200
+    assert await introspect(gw, "rs", secrets["rs"], tok) == INACTIVE
+
+
 # ---------------------------------------------------------------- revocation
 
 
