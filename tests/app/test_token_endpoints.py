@@ -13,6 +13,8 @@ Decided behaviour under test (auth/token_endpoints.py, gateway/auth/oauth.py):
   (and that token alone); of another client's token, an unknown, expired or foreign
   one, it changes nothing; the answer is 200 either way.
 * ``token_type_hint`` is ignored, whatever its value.
+* An OAuth client library (authlib's) finds both endpoints in the metadata and uses
+  them with either client authentication method.
 * Bad client authentication is 401 ``invalid_client`` with ``WWW-Authenticate``; a
   malformed request 400 ``invalid_request``; JSON either way, never cached; and the
   bounds on secret checks are the token endpoint's (429 with ``Retry-After``).
@@ -27,8 +29,11 @@ import re
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from authlib.integrations.requests_client import OAuth2Session
+from authlib.oauth2.rfc7662 import IntrospectionToken
 from joserfc.jwk import ECKey
 
 from auth.clients import Client
@@ -116,6 +121,47 @@ async def test_the_metadata_names_both_endpoints_and_how_clients_authenticate(
     assert (status, body["active"]) == (200, True)
     status, body, _ = await post(gw, REVOKE, form)
     assert (status, body) == (200, "")
+
+
+def as_a_library_would(
+    base: str, document: dict[str, Any], client_id: str, secret: str, method: str
+) -> list[Any]:
+    """authlib's OAuth 2.0 client (requests): a token from the token endpoint, then
+    introspected, revoked and introspected again at the endpoints the metadata names
+    (their paths, on ``base``). Blocking: run it in a thread."""
+
+    def here(url: str) -> str:
+        return base + urlsplit(url).path
+
+    with OAuth2Session(client_id, secret, token_endpoint_auth_method=method) as session:
+        session.revocation_endpoint_auth_method = method
+        issued = session.fetch_token(
+            here(document["token_endpoint"]), grant_type="client_credentials"
+        )
+        tok = issued["access_token"]
+        before = session.introspect_token(here(document["introspection_endpoint"]), token=tok)
+        revoked = session.revoke_token(
+            here(document["revocation_endpoint"]), token=tok, token_type_hint="access_token"
+        )
+        after = session.introspect_token(here(document["introspection_endpoint"]), token=tok)
+    return [before.status_code, before.json(), revoked.status_code, after.json()]
+
+
+@pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post"])
+async def test_an_oauth_library_finds_and_uses_both_endpoints(
+    make_gateway: MakeGateway, method: str
+) -> None:
+    gw, secrets = await setting(make_gateway)
+    async with gw.http.get("/.well-known/oauth-authorization-server") as r:
+        document = await r.json()
+    assert method in document["introspection_endpoint_auth_methods_supported"]
+    assert method in document["revocation_endpoint_auth_methods_supported"]
+    status, before, revoked, after = await asyncio.to_thread(
+        as_a_library_would, gw.url, document, "app", secrets["app"], method
+    )
+    assert (status, before["active"], before["client_id"]) == (200, True, "app")
+    assert IntrospectionToken(before).get_scope() == EVERYTHING  # authlib reads the answer
+    assert (revoked, after) == (200, INACTIVE)
 
 
 # ---------------------------------------------------------------- introspection
