@@ -225,7 +225,7 @@ class Authenticator:
             if why and held.revoke(why):
                 ended += 1
         if ended:
-            log.info("revoked client's connections ended", extra={"client_id": client_id})
+            log.info("connections of revoked tokens ended", extra={"client_id": client_id})
         return ended
 
     def _remember(self, key: tuple[str, bytes], principal: Principal) -> None:
