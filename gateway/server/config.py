@@ -204,6 +204,11 @@ class Config:
     metrics_access: str = "scope"  # who may GET /metrics: scope, loopback or open
     ready_commit_timeout: float = 2.0  # seconds /readyz waits for a test commit
     ready_needs_bridges: bool = False  # a bridge whose link is not up: not ready
+    # tracing (docs/TRACING.md): OpenTelemetry spans, W3C trace context in message headers
+    tracing: bool = False
+    otlp_endpoint: str = ""  # OTLP/HTTP traces URL (http://collector:4318/v1/traces); "": none
+    tracing_service: str = "restms-gateway"  # the spans' service.name
+    tracing_sample: float = 1.0  # share of new traces recorded (a caller's decision is kept)
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -238,6 +243,7 @@ class Config:
                 raise ConfigError(f"{key} must be positive")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
             raise ConfigError(f"log_level {self.log_level!r} is not a logging level")
+        self._check_tracing()
         counts = (
             "max_messages_per_request",
             "max_headers_per_message",
@@ -354,6 +360,16 @@ class Config:
     def lake(self) -> str:
         """Where the mirror writes: ``mirror_lake``, or ``lake`` in the data directory."""
         return self.mirror_lake or str(Path(self.data_dir) / "lake")
+
+    def _check_tracing(self) -> None:
+        if not 0.0 <= self.tracing_sample <= 1.0:
+            raise ConfigError("tracing_sample must be between 0 and 1")
+        if self.otlp_endpoint:
+            if not self.tracing:
+                raise ConfigError("otlp_endpoint needs tracing = true")
+            url = urllib.parse.urlsplit(self.otlp_endpoint)
+            if url.scheme not in ("http", "https") or not url.hostname:
+                raise ConfigError("otlp_endpoint must be an http:// or https:// URL")
 
     def _check_engine(self) -> None:
         if self.engine not in ("embedded", "redis"):
