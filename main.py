@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -241,11 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"main.py: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from gateway.server.requestid import configure_logging
+
+    configure_logging(config.log_level)  # on standard error, with request ids
     from gateway.server.datalock import DataDirError
     from gateway.server.run import run
 

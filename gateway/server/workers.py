@@ -33,6 +33,7 @@ from types import FrameType
 
 from feeds.service import EngineService
 from gateway.server.config import Config
+from gateway.server.requestid import configure_logging
 from gateway.server.shutdown import CANCEL_WAIT
 
 log = logging.getLogger("gateway.workers")
@@ -58,10 +59,7 @@ def _work(config: Config, open_engine: OpenEngine, serve: Serve, index: int) -> 
     import uvloop
 
     os.setsid()
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker {index} %(name)s: %(message)s",
-    )
+    configure_logging(config.log_level, who=f"worker {index} ")
     uvloop.run(serve(config, open_engine, reuse_port=True))
 
 
