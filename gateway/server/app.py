@@ -20,7 +20,7 @@ from gateway.auth.authn import AUTH, Authenticator, auth_context
 from gateway.restms import resources
 from gateway.restms.idempotency import RedisReplies, Replies, ReplyStore
 from gateway.restms.websocket import FRAMES, Frames
-from gateway.server import middleware, proxies, readiness
+from gateway.server import middleware, proxies, readiness, tracing
 from gateway.server.config import Config
 from gateway.server.keys import CONFIG, REPLIES, SERVICE
 from gateway.server.shutdown import IN_FLIGHT, InFlight
@@ -57,7 +57,8 @@ def build_app(
     app[IN_FLIGHT] = InFlight()
     app[AUTH] = Authenticator(config, shared)
     proxies.install(app, config.trusted_proxies)  # X-Forwarded-* (docs/OPERATIONS.md)
-    app[SERVICE] = engine
+    tracer = tracing.tracer(config)  # None unless tracing is on (docs/TRACING.md)
+    app[SERVICE] = engine if tracer is None else tracing.traced_engine(engine, tracer)
     app[BRIDGES] = make_registry(app)
     app[HOOKS] = Webhooks(app)
     app[FRAMES] = Frames()  # WebSocket message frames (docs/BROWSER.md)

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from auth import is_loopback
 from feeds.service import EngineService
+from gateway.server import tracing
 from gateway.server.app import begin_shutdown, build_app
 from gateway.server.config import Config, ConfigError
 from gateway.server.connections import ConnectionLimits, GatewayRunner
@@ -94,6 +95,16 @@ async def start_site(
 
 async def serve(
     config: Config, open_engine: Callable[[Config], EngineService], *, reuse_port: bool = False
+) -> None:
+    provider = tracing.start(config)  # the process's, before the app asks for a tracer
+    try:
+        await _serve(config, open_engine, reuse_port)
+    finally:
+        await asyncio.to_thread(tracing.stop, provider)  # what is left is exported
+
+
+async def _serve(
+    config: Config, open_engine: Callable[[Config], EngineService], reuse_port: bool
 ) -> None:
     app = build_app(config, open_engine(config))
     runner = make_runner(app, config)
