@@ -42,6 +42,7 @@ import restms
 from feeds.service import Cursor
 from gateway.auth.authn import Revoked, waiting
 from gateway.restms import http, views
+from gateway.server.requestid import stamp
 from gateway.server.state import STATE
 from restms.errors import NotAcceptable, NotFound
 from restms.media import Format
@@ -85,6 +86,7 @@ async def _sse(request: web.Request, key: str, response: web.StreamResponse) -> 
     after = _last_event_id(request, pipe.asynclet)
     gap = pipe.gap(after + 1)
     cursor = service.cursor(None, key, after)
+    stamp(response)
     await response.prepare(request)
     await response.write(b"retry: 2000\n\n")
     if gap is not None:  # before any message; no id, so a reconnect resumes where it did
@@ -165,6 +167,7 @@ async def _multipart(
     config = request[STATE].config
     cursor: Cursor = request[STATE].service.cursor(None, key)  # checked by the handler
     base = http.base(request)
+    stamp(response)
     await response.prepare(request)
     head = f"\r\nContent-Type: {fmt.media_type}\r\n\r\n".encode()
     delimiter = f"\r\n--{boundary}".encode()

@@ -64,6 +64,7 @@ from feeds.service import Blob, Cursor, Gap, Message
 from gateway.auth.authn import PRINCIPAL, Revoked, waiting
 from gateway.restms import http, views
 from gateway.server.keys import CONFIG
+from gateway.server.requestid import stamp
 from gateway.server.state import STATE
 from restms.errors import (
     BadRequest,
@@ -315,6 +316,7 @@ async def serve(request: web.Request, key: str, publish: Publisher) -> web.Strea
             "Sec-WebSocket-Version: 13 and a Sec-WebSocket-Key"
         )
     session = Session(request, ws, key, window, publish, after, pipe.gap(after + 1))
+    stamp(ws)
     try:
         with waiting(request, "websocket"):
             await ws.prepare(request)

@@ -16,6 +16,10 @@ In this order, each a readable unit of its own:
 4. **Counting.** The reply's route, method, status and duration go to
    :meth:`gateway.admin.metrics.Requests.record` (plain dict counts, read by ``GET /metrics``).
 
+Before all of them the request gets its id (:mod:`gateway.server.requestid`), which its
+reply carries in ``X-Request-ID``; with tracing on, all of them run inside the request's
+span (:func:`gateway.server.tracing.traced`).
+
 Why not aiohttp middlewares: each costs every request a call through a partial, a
 coroutine and a frame, and an app with any middleware pays for one more that aiohttp
 adds itself (it sets and resets ``match_info.current_app`` around the handler). So
@@ -50,8 +54,10 @@ from multidict import CIMultiDict
 
 from gateway.admin.metrics import REQUESTS, Requests
 from gateway.auth.authn import AUTH, authenticate, checks_every_path
+from gateway.server import requestid, tracing
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.proxies import PROXIES, Proxies, relayed
+from gateway.server.requestid import X_REQUEST_ID
 from gateway.server.shutdown import IN_FLIGHT, InFlight
 from gateway.server.state import STATE, State
 from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
@@ -74,13 +80,19 @@ def install(app: web.Application) -> None:
     router.add_route(hdrs.METH_ANY, "/{path:.*}", _unrouted, name=UNROUTED)
     state = State(app[CONFIG], app[AUTH], app[SERVICE])
     in_flight, requests, proxies = app[IN_FLIGHT], app[REQUESTS], app.get(PROXIES)
+    tracer = tracing.tracer(app[CONFIG])
+    make_id = requestid.untraced if tracer is None else tracing.traced_id
     wrapped: set[Wrapped] = set()
     for route in router.routes():
         # Requests no route serves are counted as one route, (unmatched), as before.
         counted = None if route.name == UNROUTED else route
         handler = _concerns(
-            route.handler, counted, checks_every_path(route), state, in_flight, requests, proxies
-        )
+            route.handler, counted, checks_every_path(route), state, in_flight, requests, proxies,
+            make_id,
+        )  # fmt: skip
+        if tracer is not None:
+            path = route.resource.canonical if counted and route.resource else UNROUTED
+            handler = tracing.traced(handler, tracer, path)
         route._handler = handler  # aiohttp's own attribute: see the docstring
         wrapped.add(handler)
 
@@ -100,11 +112,15 @@ def _concerns(
     in_flight: InFlight,
     requests: Requests,
     proxies: Proxies | None,
+    make_id: Callable[[web.Request], str],
 ) -> Wrapped:
     authenticator, hosts = state.auth, state.config.hosts
+    current_id = requestid.CURRENT
 
     async def concerns(request: web.Request) -> web.StreamResponse:
         began = perf_counter()
+        request_id = make_id(request)
+        current_id.set(request_id)  # this request's task alone: its log lines name it
         response: web.StreamResponse
         try:
             task = in_flight.admit(request)
@@ -132,6 +148,8 @@ def _concerns(
             response = text_reply(500, "internal error; it has been logged")
         if in_flight.closing:  # shutdown: no request follows this reply on its connection
             response.force_close()  # aiohttp says "Connection: close" and closes after it
+        if not response.prepared:  # (those prepared by their handler have it: stamp)
+            response.headers[X_REQUEST_ID] = request_id
         requests.record(route, request.method, response.status, perf_counter() - began)
         return response
 
