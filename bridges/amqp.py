@@ -246,7 +246,7 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     def _prepare(self, message: Message) -> tuple[int, str, Any] | None:
         """The proton message for a pipe message; unmappable ones go to dead letters."""
         try:
-            amqp = to_amqp(message.spec, message.parts)
+            amqp = to_amqp(self._traced_out(message), message.parts)
             target = render_target(self.config.target, message.spec.address)
         except (Unmappable, ValueError) as exc:
             self.counters.unmappable += 1

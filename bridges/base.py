@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from opentelemetry.trace import Tracer
+
 from feeds.service import EngineService
 
 from .federation.remote import Connect
@@ -173,6 +175,7 @@ class Host:
     max_pipe_bytes: int
     connect: Connect | None = None  # federation links' remote gateways; None: no links
     dead_letter_feed: str = ""  # the gateway's, for what a pull link may not publish
+    tracer: Tracer | None = None  # spans of messages sent and received; None: tracing off
 
 
 class Bridge(Protocol):

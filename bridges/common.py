@@ -26,10 +26,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
+from opentelemetry.trace import SpanKind
+
 from feeds.service import Cursor, EngineService, JoinInfo, Message, PipeInfo
 from restms.errors import NotCommitted, NotFound, RestMSError, ServiceUnavailable
 from restms.specs import JoinSpec, MessageSpec, PipeOptions, PipeSpec
 
+from . import tracing
 from .base import CoreCounters, Health, Host, backoff
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,7 @@ class BridgeCore:
         self._name = name
         self._host = host
         self._engine: EngineService = host.engine
+        self._tracer = host.tracer  # None: tracing is off (bridges.tracing)
         self._owner = owner_of(name)
         self._configured = configured
         self.health = Health(counters=counters)
@@ -75,6 +79,21 @@ class BridgeCore:
         self._stopping = False
         self._wake = asyncio.Event()
         self._stopped = asyncio.Event()
+
+    def _traced_out(self, message: Message) -> MessageSpec:
+        """What goes out of ``message``: with tracing on, the send is a span, child of the
+        context the message carries, and the message carries the span's onward."""
+        if self._tracer is None:
+            return message.spec
+        name, bridge = f"send {self._name}", {"restms.bridge": self._name}
+        return tracing.hop(self._tracer, name, SpanKind.PRODUCER, message.spec, bridge)
+
+    def _traced_in(self, spec: MessageSpec) -> MessageSpec:
+        """A message from outside, as :meth:`_traced_out` (a receive span) when tracing is on."""
+        if self._tracer is None:
+            return spec
+        name, bridge = f"receive {self._name}", {"restms.bridge": self._name}
+        return tracing.hop(self._tracer, name, SpanKind.CONSUMER, spec, bridge)
 
     @property
     def name(self) -> str:
@@ -351,6 +370,8 @@ class PublishSide(BridgeCore, Generic[K]):
         because the bridge is stopping."""
         attempt = 0
         engine, owner, feed = self._engine, self._owner, self._feed_name
+        if self._tracer is not None:  # each arrival a span (bridges.tracing)
+            batch = [(key, self._traced_in(spec)) for key, spec in batch]
         while batch and not self._stopping:
             try:
                 fits = len(batch)

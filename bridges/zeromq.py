@@ -414,7 +414,7 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
     async def _send_message(self, message: Message) -> bool:
         """Send one message (dead-letter it if it cannot be one); False if stopping."""
         try:
-            frames = encode(message.spec, message.parts)
+            frames = encode(self._traced_out(message), message.parts)
         except (Unmappable, ValueError) as exc:
             self.counters.unmappable += 1
             await self._dead_letter(message, f"cannot be sent over ZeroMQ: {exc}", "")

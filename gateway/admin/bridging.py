@@ -33,6 +33,7 @@ from feeds.service import DEFAULT_DOMAIN, EngineService
 from gateway.auth.authn import PRINCIPAL
 from gateway.federation.client import HttpRemote
 from gateway.restms import http
+from gateway.server import tracing
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.state import STATE
 from restms.errors import (
@@ -66,6 +67,7 @@ def make_host(app: web.Application) -> Host:
     """What the bridges get: the app's engine service, and the system feed."""
     service, config = app[SERVICE], app[CONFIG]
     events = service.events
+    tracer = tracing.tracer(config)  # None unless tracing is on (docs/TRACING.md)
     return Host(
         engine=service,
         notify=events.bridge if events is not None else None,
@@ -74,6 +76,7 @@ def make_host(app: web.Application) -> Host:
         max_pipe_bytes=config.max_pipe_bytes,
         connect=HttpRemote,
         dead_letter_feed=config.dead_letter_feed,
+        tracer=tracer,
     )
 
 
