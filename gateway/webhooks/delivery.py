@@ -63,11 +63,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from opentelemetry.trace import SpanKind, StatusCode, Tracer
 from yarl import URL
 
 import restms
+from bridges import tracing
 from feeds.service import Cursor, EngineService, Message, Webhook
 from gateway.restms import http, views
+from gateway.server import tracing as gateway_tracing
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress, split_allow
 from restms.errors import NotFound, ServiceUnavailable
@@ -123,6 +126,7 @@ class Webhooks:
         config = app[CONFIG]
         self.guard = Guard(split_allow(config.webhook_allow))
         self.response_max = config.webhook_response_max
+        self.tracer = gateway_tracing.tracer(config)  # None unless tracing is on
         self._workers: dict[str, Worker] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
@@ -392,11 +396,42 @@ class Worker:
             MESSAGE_ID: delivery_id(self.key, message.position),
             ATTEMPT: str(attempt),
         }
-        url = options.callback or ""
-        outcome, _ = await self.hooks.send(
-            "POST", url, options.timeout or 1.0, data=body, headers=headers
-        )
+        url, timeout = options.callback or "", options.timeout or 1.0
+        tracer = self.hooks.tracer
+        if tracer is not None:
+            return await self._traced(tracer, message, attempt, url, timeout, body, headers)
+        outcome, _ = await self.hooks.send("POST", url, timeout, data=body, headers=headers)
         return outcome
+
+    async def _traced(
+        self,
+        tracer: Tracer,
+        message: Message,
+        attempt: int,
+        url: str,
+        timeout: float,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> Outcome:
+        """An attempt as a CLIENT span, child of the context the message carries; the
+        POST's ``traceparent`` names the span, so the receiver continues the trace."""
+        attributes: dict[str, str | int] = {
+            "http.request.method": "POST",
+            "server.address": URL(url).host or "",
+            "restms.webhook.attempt": attempt,
+        }
+        with tracer.start_as_current_span(
+            "webhook POST",
+            context=tracing.carried(message.spec.headers),
+            kind=SpanKind.CLIENT,
+            attributes=attributes,
+        ) as span:
+            tracing.W3C.inject(headers)  # the current context: this span
+            outcome, _ = await self.hooks.send("POST", url, timeout, data=body, headers=headers)
+            span.set_attribute("restms.webhook.outcome", outcome.status)
+            if not outcome.ok:
+                span.set_status(StatusCode.ERROR, outcome.error or outcome.status)
+            return outcome
 
     # ------------------------------------------------------------ helpers
     def _base(self) -> Base:
