@@ -18,6 +18,7 @@ And, public, the gateway's id that federation links name it by (docs/FEDERATION.
 from __future__ import annotations
 
 import asyncio
+import functools
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -74,7 +75,7 @@ def make_host(app: web.Application) -> Host:
         system_feed=events.name if events is not None else None,
         max_pipe_messages=config.max_pipe_messages,
         max_pipe_bytes=config.max_pipe_bytes,
-        connect=HttpRemote,
+        connect=functools.partial(HttpRemote, tracer=tracer),
         dead_letter_feed=config.dead_letter_feed,
         tracer=tracer,
     )

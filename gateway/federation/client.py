@@ -55,7 +55,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
+from opentelemetry.trace import SpanKind, Tracer
 
+from bridges import tracing
 from bridges.checks import NAME, redact
 from bridges.federation.remote import Auth, PipeGone, Unavailable
 from restms import specs
@@ -101,6 +103,7 @@ class HttpRemote:
         tls_ca: str = "",
         tls_verify: bool = True,
         max_body: int = 8 << 20,
+        tracer: Tracer | None = None,
     ) -> None:
         if not timeout > 0 or max_body < 1:
             raise ValueError("timeout and max_body must be positive")
@@ -109,6 +112,7 @@ class HttpRemote:
         self._tls_ca = tls_ca
         self._tls_verify = tls_verify
         self._max_body = max_body
+        self._tracer = tracer  # None: tracing is off (docs/TRACING.md)
         self._session: aiohttp.ClientSession | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -132,6 +136,12 @@ class HttpRemote:
         True when the remote said it was a duplicate (duplicate="1"), False otherwise."""
         if not messages:
             return []
+        if self._tracer is not None:  # each message's hop a span, its context carried on
+            attributes = {"messaging.destination.name": redact(feed_url)}
+            messages = [
+                tracing.hop(self._tracer, "federation send", SpanKind.PRODUCER, spec, attributes)
+                for spec in messages
+            ]
         where = f"POST {redact(feed_url)}"
         reply = await self._call("POST", feed_url, wire.message_document(messages))
         wire.check(reply, where)
