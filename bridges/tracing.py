@@ -35,10 +35,17 @@ W3C = TraceContextTextMapPropagator()  # W3C alone, whatever OTEL_PROPAGATORS sa
 SYSTEM = "restms"  # messaging.system of every span the gateway makes about messages
 
 
+def carries(headers: Headers) -> bool:
+    """Whether a message has a ``traceparent`` header (valid or not): a cheap first look."""
+    return any(name.lower() == "traceparent" for name, _ in headers)
+
+
 def carried(headers: Headers) -> Context | None:
     """The context a message carries in its headers, None when none valid."""
+    if not headers:
+        return None
     carrier = {name.lower(): value for name, value in headers if name.lower() in CARRIED}
-    if not carrier:
+    if "traceparent" not in carrier:
         return None
     context = W3C.extract(carrier)
     return context if trace.get_current_span(context).get_span_context().is_valid else None
@@ -56,6 +63,8 @@ def links(specs: Iterable[MessageSpec], limit: int = 128) -> list[Link]:
     """Links to the contexts the first ``limit`` messages carry."""
     found: list[Link] = []
     for spec in specs:
+        if not spec.headers:  # most messages: nothing to look at
+            continue
         link = link_to(spec.headers)
         if link is not None:
             found.append(link)
@@ -64,18 +73,25 @@ def links(specs: Iterable[MessageSpec], limit: int = 128) -> list[Link]:
     return found
 
 
-def carrying(spec: MessageSpec, span: Span) -> MessageSpec:
-    """``spec`` with ``span``'s context in its headers, instead of what it carried."""
+def context_headers(span: Span) -> Headers:
+    """``span``'s context as message headers (none for an invalid span)."""
     carrier: dict[str, str] = {}
     W3C.inject(carrier, trace.set_span_in_context(span))
-    if not carrier:  # an invalid span (none made) has no context to give
+    return tuple(carrier.items())
+
+
+def carrying(spec: MessageSpec, span: Span) -> MessageSpec:
+    """``spec`` with ``span``'s context in its headers, instead of what it carried."""
+    return with_headers(spec, context_headers(span))
+
+
+def with_headers(spec: MessageSpec, context: Headers) -> MessageSpec:
+    """``spec`` with the trace context headers ``context`` instead of its own."""
+    if not context:  # an invalid span (none made) has no context to give
         return spec
     kept = tuple((name, value) for name, value in spec.headers if name.lower() not in CARRIED)
     return MessageSpec(
-        address=spec.address,
-        props=spec.props,
-        headers=kept + tuple(carrier.items()),
-        contents=spec.contents,
+        address=spec.address, props=spec.props, headers=kept + context, contents=spec.contents
     )
 
 

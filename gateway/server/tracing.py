@@ -201,9 +201,14 @@ class TracedEngine:
 
 
 def _stamped(specs: Sequence[MessageSpec], span: Span) -> list[MessageSpec]:
-    """The messages, each without a context of its own given ``span``'s."""
-    carried, carrying = messages.carried, messages.carrying
-    return [spec if carried(spec.headers) else carrying(spec, span) for spec in specs]
+    """The messages, each without a valid context of its own given ``span``'s (made once;
+    an invalid ``traceparent`` is replaced)."""
+    context = messages.context_headers(span)
+    carries, carried, with_headers = messages.carries, messages.carried, messages.with_headers
+    return [
+        spec if carries(spec.headers) and carried(spec.headers) else with_headers(spec, context)
+        for spec in specs
+    ]
 
 
 class TracedCursor:
