@@ -148,8 +148,9 @@ def _concerns(
             response = text_reply(500, "internal error; it has been logged")
         if in_flight.closing:  # shutdown: no request follows this reply on its connection
             response.force_close()  # aiohttp says "Connection: close" and closes after it
-        if not response.prepared:  # (those prepared by their handler have it: stamp)
-            response.headers[X_REQUEST_ID] = request_id
+        # Too late for a reply its handler prepared (it has it: requestid.stamp), and
+        # harmless there: cheaper than asking.
+        response.headers[X_REQUEST_ID] = request_id
         requests.record(route, request.method, response.status, perf_counter() - began)
         return response
 

@@ -57,10 +57,8 @@ def given(headers: Mapping[str, str]) -> str | None:
     return None
 
 
-def trace_id(traceparent: str | None) -> str | None:
+def trace_id(traceparent: str) -> str | None:
     """The trace id of a valid W3C ``traceparent`` value, or None."""
-    if traceparent is None:
-        return None
     found = _TRACEPARENT(traceparent.strip())
     if found is None:
         return None
@@ -70,15 +68,19 @@ def trace_id(traceparent: str | None) -> str | None:
     return None if parent == _ZERO_PARENT else trace
 
 
-def new() -> str:
-    """A new request id: unique across processes, 32 hex digits."""
-    return f"{_PREFIX}{next(_COUNTER):016x}"
-
-
 def untraced(request: web.Request) -> str:
-    """The id of a request when tracing is off (1, 3 or 4 of the module docstring)."""
+    """The id of a request when tracing is off (1, 3 or 4 of the module docstring).
+
+    Every request pays for this one: written out in one frame, no call for a header
+    that is absent (docs/BENCHMARKS.md, section 19)."""
     headers = request.headers
-    return given(headers) or trace_id(headers.get(TRACEPARENT)) or new()
+    value = headers.get(X_REQUEST_ID)
+    if value is not None and _SAFE(value):
+        return value
+    parent = headers.get(TRACEPARENT)
+    if parent is not None and (found := trace_id(parent)) is not None:
+        return found
+    return f"{_PREFIX}{next(_COUNTER):016x}"  # new: unique across processes, 32 hex digits
 
 
 def stamp(response: web.StreamResponse) -> None:
