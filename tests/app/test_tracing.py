@@ -8,7 +8,8 @@ server on 127.0.0.1 that records the headers it got; the OTLP test runs a real
 Decided behaviour under test:
 
 * Each request is a SERVER span named after its route, child of a valid incoming
-  ``traceparent``, and the request id is its trace id.
+  ``traceparent`` (else the root of a new trace), and the request id is its trace id
+  unless the request gave a valid ``X-Request-ID``.
 * A publish is a PRODUCER span under the request's; each message without a context of
   its own carries the publish span's in its ``traceparent`` header, one with its own
   keeps it. A read is a CONSUMER span linked to the message's context.
@@ -109,6 +110,26 @@ async def test_publish_and_read_follow_the_publishers_trace(
     status, document = await get(gw, second)
     assert status == 200, document
     assert traceparent_of(document["restms"]["message"][0]["header"]) == own
+
+
+async def test_a_new_trace_names_the_request(
+    make_gateway: MakeGateway, spans: InMemorySpanExporter
+) -> None:
+    """No traceparent, no X-Request-ID: the request's span starts a trace, whose id is
+    the request id; a path no route serves is a span too, named ``unrouted``."""
+    gw = await make_gateway(tracing=True)
+    async with gw.http.get("/healthz") as r:
+        assert r.status == 200
+        shown = r.headers["X-Request-ID"]
+    (server,) = named(spans, "GET /healthz")
+    assert server.parent is None
+    assert trace_id(server) == shown
+    async with gw.http.get("/nowhere", headers={"X-Request-ID": "mine"}) as r:
+        assert r.status == 404
+        assert r.headers["X-Request-ID"] == "mine"  # a given id still wins
+    (unrouted,) = named(spans, "GET unrouted")
+    assert unrouted.attributes is not None
+    assert unrouted.attributes["http.response.status_code"] == 404
 
 
 async def test_a_webhook_delivery_continues_the_trace(
