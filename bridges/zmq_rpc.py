@@ -231,7 +231,7 @@ class RouterBridge(ZmqBridge):
                         counters.uncorrelated += 1
                     continue
                 spec = with_props(
-                    message.spec, message.spec.address, correlation_id=asked.client_id
+                    self._traced_out(message), message.spec.address, correlation_id=asked.client_id
                 )
                 try:
                     frames = encode(spec, message.parts)
@@ -324,7 +324,7 @@ class DealerBridge(ZmqBridge):
                 self._unsent.popleft()
                 continue
             try:
-                frames = encode(job.message.spec, job.message.parts)
+                frames = encode(self._traced_out(job.message), job.message.parts)
             except (Unmappable, ValueError) as exc:
                 self.counters.unmappable += 1
                 self._unsent.popleft()
