@@ -133,7 +133,7 @@ async def test_log_lines_of_a_request_end_with_its_id(tmp_path: object) -> None:
             proc.kill()
             await proc.wait()
     lines = rest.splitlines()
-    refused = [line for line in lines if "token refused" in line]
+    refused = [line for line in lines if "gateway.auth.oauth: client refused" in line]
     access = [line for line in lines if '"POST /oauth/token' in line]
     assert len(refused) == 1, rest
     assert len(access) == 1, rest
