@@ -43,6 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=int, help="gateway processes on one port (default 1; needs redis)"
     )
+    serve.add_argument(
+        "--cors-origins",
+        help="origins whose pages may call, comma-separated (docs/BROWSER.md; default none)",
+    )
     client = verbs.add_parser("client", help="manage the built-in OAuth server's clients")
     client_verbs = client.add_subparsers(dest="action", required=True)
     add = client_verbs.add_parser("add", help="add a client and print its secret once")
@@ -233,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         "engine": args.engine,
         "redis_url": args.redis_url,
         "workers": args.workers,
+        "cors_origins": args.cors_origins,
     }
     try:
         config = load(args.config, overrides=overrides)

@@ -25,6 +25,8 @@ from bridges.checks import NAME as BRIDGE_NAME
 from bridges.config import BridgeConfig
 from bridges.config import parse as parse_bridge
 from feeds.service import DEFAULT_DOMAIN, EngineConfig, FeedConfig
+from gateway.server.cors import Cors
+from gateway.server.cors import make as make_cors
 from gateway.server.hosts import Hosts
 from gateway.server.proxies import parse_trusted
 from gateway.webhooks.guard import parse_allow, split_allow
@@ -150,6 +152,14 @@ class Config:
     trusted_proxies: str = ""  # whose X-Forwarded-* headers are believed (OPERATIONS.md)
     public_url: str = ""  # the origin every URI names, https://gw.example.com; "": the Host's
     allowed_hosts: str = ""  # Host patterns served besides the gateway's addresses; 421 else
+    # pages of other origins (docs/BROWSER.md, "Pages on other origins")
+    cors_origins: str = ""  # origins and patterns whose pages may call; "": the gateway's own
+    cors_credentials: bool = False  # their pages may send cookies and HTTP auth (never with *)
+    cors_max_age: int = 600  # seconds a browser may keep a preflight's answer
+    websocket_origins: str = ""  # pages that may open WebSockets; "": as cors_origins
+    # compression (docs/OPERATIONS.md, "Compression")
+    compression: bool = True  # compress replies for clients that accept it
+    compression_min_bytes: int = 1024  # replies smaller than this are sent as they are
     max_line_size: int = 8190  # bytes in the request line
     max_field_size: int = 8190  # bytes in one header
     max_headers: int = 100  # headers in one request
@@ -223,6 +233,7 @@ class Config:
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
     hosts: Hosts = field(init=False, repr=False, compare=False)
+    cors: Cors = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -333,8 +344,18 @@ class Config:
             parse_trusted(self.trusted_proxies)
             parse_allow(split_allow(self.webhook_allow))
             object.__setattr__(self, "hosts", Hosts(self.public_url, self.allowed_hosts, self.host))
+            cors = make_cors(
+                self.cors_origins,
+                self.websocket_origins,
+                credentials=self.cors_credentials,
+                max_age=self.cors_max_age,
+                public=self.hosts.public,
+            )
+            object.__setattr__(self, "cors", cors)
         except ValueError as exc:
             raise ConfigError(str(exc)) from exc
+        if self.cors_max_age < 0 or self.compression_min_bytes < 0:
+            raise ConfigError("cors_max_age and compression_min_bytes must not be negative")
         if self.webhook_connections < 1 or self.webhook_response_max < 1:
             raise ConfigError("webhook_connections and webhook_response_max must be at least 1")
         if self.mirror_queue < 1 or self.mirror_rotate_bytes < 1:
