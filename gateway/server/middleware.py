@@ -13,7 +13,14 @@ In this order, each a readable unit of its own:
    here (before a credential is checked for it); then
    :func:`gateway.auth.authn.authenticate` gives the request its principal, or answers 401
    or 429.
-4. **Counting.** The reply's route, method, status and duration go to
+4. **Other origins and codings.** A CORS preflight (``OPTIONS`` with
+   ``Access-Control-Request-Method``) is answered by :meth:`gateway.server.cors.Cors.preflight`
+   before authentication, as browsers send no credentials with it; a body in a coding the
+   gateway does not decode is refused (:func:`gateway.server.compression.check_request`);
+   a large reply is compressed for a client that accepts it
+   (:func:`gateway.server.compression.offer`). A request without any of those pays a
+   comparison of its method and two header look-ups for them.
+5. **Counting.** The reply's route, method, status and duration go to
    :meth:`gateway.admin.metrics.Requests.record` (plain dict counts, read by ``GET /metrics``).
 
 Before all of them the request gets its id (:mod:`gateway.server.requestid`), which its
@@ -54,18 +61,28 @@ from multidict import CIMultiDict
 
 from gateway.admin.metrics import REQUESTS, Requests
 from gateway.auth.authn import AUTH, authenticate, checks_every_path
-from gateway.server import requestid, tracing
+from gateway.server import compression, requestid, tracing
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.proxies import PROXIES, Proxies, relayed
 from gateway.server.requestid import X_REQUEST_ID
 from gateway.server.shutdown import IN_FLIGHT, InFlight
 from gateway.server.state import STATE, State
-from restms.errors import MethodNotAllowed, RestMSError, ServiceUnavailable, TooManyRequests
+from restms.errors import (
+    BadRequest,
+    MethodNotAllowed,
+    RestMSError,
+    ServiceUnavailable,
+    TooManyRequests,
+)
 
 log = logging.getLogger(__name__)
 
 Wrapped = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 UNROUTED = "unrouted"  # the name of the last route, for requests no other route serves
+# Request headers the concerns look for (istr: looked up on every request).
+_PREFLIGHT, _ORIGIN = hdrs.ACCESS_CONTROL_REQUEST_METHOD, hdrs.ORIGIN
+_CODING, _ACCEPTED = hdrs.CONTENT_ENCODING, hdrs.ACCEPT_ENCODING
+UNREADABLE = "the request body cannot be read: its Content-Encoding or chunked framing is broken"
 
 
 def text_reply(
@@ -114,7 +131,9 @@ def _concerns(
     proxies: Proxies | None,
     make_id: Callable[[web.Request], str],
 ) -> Wrapped:
-    authenticator, hosts = state.auth, state.config.hosts
+    config = state.config
+    authenticator, hosts, cors = state.auth, config.hosts, config.cors
+    compressing, min_bytes = config.compression, config.compression_min_bytes
     current_id = requestid.CURRENT
 
     async def concerns(request: web.Request) -> web.StreamResponse:
@@ -129,16 +148,28 @@ def _concerns(
                     request = relayed(request, proxies)
                 hosts.check(request)
                 request[STATE] = state
-                # checked: the route's paths all need a principal (decided at install)
-                pending = authenticate(request, authenticator, always=checked)
-                if pending is not None:  # credentials to check
-                    await pending
-                response = await handler(request)
+                headers = request.headers
+                if request.method == "OPTIONS" and _PREFLIGHT in headers and _ORIGIN in headers:
+                    response = cors.preflight(request)  # before credentials: none are sent
+                else:
+                    if _CODING in headers:
+                        compression.check_request(request)
+                    # checked: the route's paths all need a principal (decided at install)
+                    pending = authenticate(request, authenticator, always=checked)
+                    if pending is not None:  # credentials to check
+                        await pending
+                    response = await handler(request)
+                    if compressing and _ACCEPTED in headers:
+                        compression.offer(request, response, min_bytes)
             finally:
                 in_flight.discard(task)
         except (RestMSError, web.HTTPException) as exc:
             response = error_reply(exc)
             requests.refused(exc)
+        except web.RequestPayloadError:  # the parser's: a body that does not decode
+            refusal = BadRequest(UNREADABLE)
+            response = error_reply(refusal)
+            requests.refused(refusal)
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception:
