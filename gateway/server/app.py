@@ -20,7 +20,7 @@ from gateway.auth.authn import AUTH, Authenticator, auth_context
 from gateway.restms import resources
 from gateway.restms.idempotency import RedisReplies, Replies, ReplyStore
 from gateway.restms.websocket import FRAMES, Frames
-from gateway.server import middleware, proxies, readiness, tracing
+from gateway.server import cors, middleware, proxies, readiness, tracing
 from gateway.server.config import Config
 from gateway.server.keys import CONFIG, REPLIES, SERVICE
 from gateway.server.shutdown import IN_FLIGHT, InFlight
@@ -57,6 +57,7 @@ def build_app(
     app[IN_FLIGHT] = InFlight()
     app[AUTH] = Authenticator(config, shared)
     proxies.install(app, config.trusted_proxies)  # X-Forwarded-* (docs/OPERATIONS.md)
+    cors.install(app, config.cors)  # pages of other origins (docs/BROWSER.md)
     tracer = tracing.tracer(config)  # None unless tracing is on (docs/TRACING.md)
     app[SERVICE] = engine if tracer is None else tracing.traced_engine(engine, tracer)
     app[BRIDGES] = make_registry(app)
