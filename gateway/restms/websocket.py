@@ -297,10 +297,11 @@ async def serve(request: web.Request, key: str, publish: Publisher) -> web.Strea
     checked before) and serve it until it closes.
 
     Everything that can be refused is refused before the upgrade, as a text/plain
-    reply: a bad ``window`` or ``after`` (400), a malformed upgrade (400), no slot
-    left (429).
+    reply: a page of an origin not allowed (403), a bad ``window`` or ``after`` (400),
+    a malformed upgrade (400), no slot left (429).
     """
     config = request[STATE].config
+    config.cors.check_socket(request)  # browsers let any page try (docs/BROWSER.md)
     window = _window(request, config.websocket_window)
     pipe = await request[STATE].service.pipe(None, key)  # the gateway reads for it
     after = _after(request, pipe.asynclet)

@@ -1,0 +1,203 @@
+"""Compressed replies and request bodies (``gateway/server/compression.py``,
+docs/OPERATIONS.md "Compression"), against a real gateway on 127.0.0.1.
+
+Decided behaviour under test:
+
+* A textual reply of at least ``compression_min_bytes`` is gzip-compressed for a
+  client whose ``Accept-Encoding`` accepts gzip (``q=0`` refuses it, ``*`` accepts it),
+  with ``Vary: Accept-Encoding``, and decodes to the very bytes sent uncompressed:
+  the OpenAPI document, a pipe listing, a batched publish's reply. Smaller replies,
+  streams, and gateways with ``compression = false`` are sent as they are.
+* A request body with ``Content-Encoding: gzip`` (or ``deflate``) is decoded;
+  ``max_body`` counts the decoded bytes, so a zip bomb is ``413`` with a ``text/plain``
+  reason and the gateway's memory stays bounded; a broken gzip stream is ``400``; any
+  other coding is ``415``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import zlib
+from typing import Any
+
+import pytest
+from multidict import CIMultiDict
+
+from gateway.server.compression import accepts_gzip
+from tests.app.jsonapi import AJ, DOMAIN, HJ, body, new_pipe
+from tests.conftest import Gateway, MakeGateway
+
+pytestmark = pytest.mark.app
+
+FEED = "/restms/feed/default"
+GZIP = {"Accept-Encoding": "gzip"}
+IDENTITY = {"Accept-Encoding": "identity"}
+
+
+async def raw(
+    gw: Gateway, method: str, path: str, **kwargs: Any
+) -> tuple[int, CIMultiDict[str], bytes]:
+    """The reply as sent: its status, headers and undecoded body."""
+    async with gw.http.request(method, path, auto_decompress=False, **kwargs) as r:
+        return r.status, r.headers.copy(), await r.read()
+
+
+def messages(count: int, size: int = 200) -> bytes:
+    text = "x" * size
+    return body(
+        message=[
+            {"address": f"a{i}", "content": [{"type": "text/plain", "value": text}]}
+            for i in range(count)
+        ]
+    )
+
+
+async def filled_pipe(gw: Gateway, count: int) -> str:
+    """A new pipe holding ``count`` messages; its URI."""
+    pipe = await new_pipe(gw)
+    # the pipe's default join takes messages addressed to its name on the default feed
+    payload = json.loads(messages(count))
+    for message in payload["restms"]["message"]:
+        message["address"] = pipe["name"]
+    async with gw.http.post(FEED, data=json.dumps(payload), headers=HJ) as r:
+        assert r.status == 200, await r.text()
+    return str(pipe["uri"])
+
+
+# ---------------------------------------------------------------- replies
+async def test_the_openapi_document_is_compressed_for_gzip_clients(gw: Gateway) -> None:
+    status, plain_headers, plain = await raw(gw, "GET", "/openapi.json", headers=IDENTITY)
+    assert status == 200
+    assert "Content-Encoding" not in plain_headers
+    status, headers, packed = await raw(gw, "GET", "/openapi.json", headers=GZIP)
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    assert "Accept-Encoding" in headers["Vary"]
+    assert int(headers["Content-Length"]) == len(packed) < len(plain) / 3
+    assert gzip.decompress(packed) == plain
+
+
+async def test_the_etag_stays_the_resources(gw: Gateway) -> None:
+    _, plain_headers, plain = await raw(gw, "GET", "/static/app.js", headers=IDENTITY)
+    _, headers, packed = await raw(gw, "GET", "/static/app.js", headers=GZIP)
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(packed) == plain
+    assert headers["ETag"] == plain_headers["ETag"]  # the version, whichever coding
+    conditional = {**GZIP, "If-None-Match": headers["ETag"]}
+    status, _, empty = await raw(gw, "GET", "/static/app.js", headers=conditional)
+    assert (status, empty) == (304, b"")
+
+
+async def test_a_pipe_listing_and_a_batched_publish_reply_are_compressed(gw: Gateway) -> None:
+    uri = await filled_pipe(gw, 50)
+    status, _plain_headers, plain = await raw(gw, "GET", uri, headers={**AJ, **IDENTITY})
+    assert status == 200
+    status, headers, packed = await raw(gw, "GET", uri, headers={**AJ, **GZIP})
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(packed) == plain
+    status, headers, packed = await raw(
+        gw, "POST", FEED, data=messages(100, 10), headers={**HJ, **GZIP}
+    )
+    assert status == 200
+    assert headers["Content-Encoding"] == "gzip"
+    reply = json.loads(gzip.decompress(packed))
+    assert len(reply["restms"]["message"]) == 100
+
+
+@pytest.mark.parametrize(
+    ("accept", "compressed"),
+    [
+        ("gzip", True),
+        ("deflate, gzip;q=0.5, br", True),
+        ("GZIP", True),
+        ("*", True),
+        ("gzip;q=0", False),
+        ("gzip;q=0, *", False),  # named: the wildcard does not count for it
+        ("*;q=0", False),
+        ("identity", False),
+        ("br", False),
+        ("gzip;q=nonsense", False),
+    ],
+)
+async def test_accept_encoding_is_read_with_its_weights(
+    gw: Gateway, accept: str, compressed: bool
+) -> None:
+    status, headers, _ = await raw(gw, "GET", "/openapi.json", headers={"Accept-Encoding": accept})
+    assert status == 200
+    assert (headers.get("Content-Encoding") == "gzip") is compressed
+    assert accepts_gzip(accept) is compressed
+
+
+async def test_small_replies_and_streams_are_sent_as_they_are(gw: Gateway) -> None:
+    status, headers, _ = await raw(gw, "GET", "/healthz", headers=GZIP)
+    assert status == 200
+    assert "Content-Encoding" not in headers
+    status, headers, _ = await raw(gw, "GET", DOMAIN + "-nosuch", headers=GZIP)
+    assert "Content-Encoding" not in headers
+    pipe = await new_pipe(gw)
+    async with gw.http.get(
+        pipe["uri"], headers={"Accept": "text/event-stream", **GZIP}, auto_decompress=False
+    ) as r:
+        assert r.content_type == "text/event-stream"
+        assert "Content-Encoding" not in r.headers
+
+
+async def test_compression_can_be_turned_off_or_its_threshold_moved(
+    make_gateway: MakeGateway,
+) -> None:
+    off = await make_gateway(compression=False)
+    _, headers, _ = await raw(off, "GET", "/openapi.json", headers=GZIP)
+    assert "Content-Encoding" not in headers
+    low = await make_gateway(compression_min_bytes=0)
+    _status, headers, packed = await raw(low, "GET", "/healthz", headers=GZIP)
+    assert headers["Content-Encoding"] == "gzip"
+    assert gzip.decompress(packed) == b"ok\n"
+
+
+# ---------------------------------------------------------------- request bodies
+async def test_a_gzip_request_body_is_decoded(gw: Gateway) -> None:
+    plain = messages(20)
+    for coding, packed in (("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain))):
+        headers = {**HJ, "Content-Encoding": coding}
+        async with gw.http.post(FEED, data=packed, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            assert len((await r.json(content_type=None))["restms"]["message"]) == 20
+
+
+async def test_a_zip_bomb_is_413_and_memory_stays_bounded(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(max_body=1 << 20)
+    bomb = gzip.compress(b"\0" * (512 << 20), 9)  # 512 MiB in about 500 KB
+    assert len(bomb) < 1 << 20
+    before = await asyncio.to_thread(_rss)
+    async with gw.http.post(FEED, data=bomb, headers={**HJ, "Content-Encoding": "gzip"}) as r:
+        assert r.status == 413
+        assert r.content_type == "text/plain"
+        assert "limit" in await r.text()
+    assert await asyncio.to_thread(_rss) - before < 64 << 20  # not the 512 MiB it unpacks to
+
+
+async def test_a_broken_gzip_body_is_400(gw: Gateway) -> None:
+    broken = gzip.compress(messages(5))[:-20] + b"garbage-garbage-garbage"
+    async with gw.http.post(FEED, data=broken, headers={**HJ, "Content-Encoding": "gzip"}) as r:
+        assert r.status == 400
+        assert r.content_type == "text/plain"
+        assert "Content-Encoding" in await r.text()
+
+
+@pytest.mark.parametrize("coding", ["compress", "gzip, gzip", "x-unknown", "br, gzip"])
+async def test_an_unknown_content_encoding_is_415(gw: Gateway, coding: str) -> None:
+    async with gw.http.post(
+        FEED, data=messages(1), headers={**HJ, "Content-Encoding": coding}
+    ) as r:
+        assert r.status == 415
+        assert r.content_type == "text/plain"
+        assert "Content-Encoding" in await r.text()
+
+
+def _rss() -> int:
+    """This process's resident memory (the gateway runs in it), in bytes."""
+    with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
