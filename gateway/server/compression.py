@@ -3,10 +3,14 @@
 **Replies.** A reply whose whole body is at least ``compression_min_bytes`` (1024) and
 of a textual type (XML, JSON, text, JavaScript, CSS, SVG, YAML) is sent gzip-compressed
 when the request's ``Accept-Encoding`` accepts ``gzip`` (RFC 9110 12.5.3: a ``q=0``
-refuses it, ``*`` accepts it). aiohttp compresses it as the reply is prepared, in a
-thread for bodies over 4 KiB, so the event loop never waits for zlib. Such replies
-carry ``Vary: Accept-Encoding``. Smaller replies, and the streams (SSE, stream pipes,
-WebSocket: their messages must go out one by one, as they come), are sent as they are.
+refuses it, ``*`` accepts it), at zlib's level 1: on the gateway's documents, which
+repeat themselves (a listing names one pipe a thousand times), it packs as small as
+the default level 6 in a third of the time (docs/BENCHMARKS.md, "Compression and
+CORS"), and aiohttp's own compression has no level to choose. Bodies over
+:data:`INLINE_MAX` are compressed in a thread, so the event loop never waits long for
+zlib. Such replies carry ``Vary: Accept-Encoding``. Smaller replies, and the streams
+(SSE, stream pipes, WebSocket: their messages must go out one by one, as they come),
+are sent as they are.
 The ``ETag`` stays the resource's: it names its version, in whichever coding.
 
 A request without ``Accept-Encoding`` is not looked at any further: the check is one
@@ -22,15 +26,18 @@ refused with ``415`` (RFC 9110 15.5.16), never handed on still encoded.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import zlib
 
 from aiohttp import hdrs, web
-from aiohttp.web_response import ContentCoding
 
 from restms.errors import UnsupportedMediaType
 
 # Codings aiohttp's parser decodes (with the packages installed here); names as sent.
 DECODED = frozenset(("gzip", "deflate", "identity"))
+LEVEL = 1  # zlib's fastest
+INLINE_MAX = 32 * 1024  # bytes compressed on the loop at most (about 0.1 ms at level 1)
 _TEXTUAL = ("json", "xml", "javascript", "yaml", "markdown", "css", "csv", "html", "plain")
 
 
@@ -71,7 +78,13 @@ def _textual(content_type: str) -> bool:
     return kind == "text" or any(word in subtype for word in _TEXTUAL)
 
 
-def offer(request: web.Request, response: web.StreamResponse, min_bytes: int) -> None:
+def gzip(body: bytes) -> bytes:
+    """``body`` as a gzip member, at :data:`LEVEL`."""
+    packer = zlib.compressobj(LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return packer.compress(body) + packer.flush()
+
+
+async def offer(request: web.Request, response: web.StreamResponse, min_bytes: int) -> None:
     """Compress ``response`` (not yet prepared) with gzip where it is worth it and the
     request (which has ``Accept-Encoding``) accepts it."""
     if not isinstance(response, web.Response) or response.prepared:
@@ -79,8 +92,11 @@ def offer(request: web.Request, response: web.StreamResponse, min_bytes: int) ->
     body = response.body
     if not isinstance(body, bytes) or len(body) < min_bytes:
         return
-    if hdrs.CONTENT_ENCODING in response.headers or not _textual(response.content_type):
+    headers = response.headers
+    if hdrs.CONTENT_ENCODING in headers or not _textual(response.content_type):
         return
-    response.headers.add(hdrs.VARY, "Accept-Encoding")
+    headers.add(hdrs.VARY, "Accept-Encoding")
     if accepts_gzip(request.headers.get(hdrs.ACCEPT_ENCODING, "")):
-        response.enable_compression(ContentCoding.gzip)
+        packed = gzip(body) if len(body) <= INLINE_MAX else await asyncio.to_thread(gzip, body)
+        response.body = packed
+        headers[hdrs.CONTENT_ENCODING] = "gzip"
