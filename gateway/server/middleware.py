@@ -160,7 +160,7 @@ def _concerns(
                         await pending
                     response = await handler(request)
                     if compressing and _ACCEPTED in headers:
-                        compression.offer(request, response, min_bytes)
+                        await compression.offer(request, response, min_bytes)
             finally:
                 in_flight.discard(task)
         except (RestMSError, web.HTTPException) as exc:
