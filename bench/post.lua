@@ -1,12 +1,18 @@
 -- POST one fixed body, read from a file, on every request; print a JSON summary at the end.
--- usage: wrk -s bench/post.lua URL -- BODY_FILE CONTENT_TYPE
+-- usage: wrk -s bench/post.lua URL -- BODY_FILE CONTENT_TYPE [METHOD]
+-- With METHOD GET the body is not sent and CONTENT_TYPE is what the request accepts.
 
 function init(args)
   local f = assert(io.open(args[1], "rb"))
   wrk.body = f:read("*a")
   f:close()
-  wrk.method = "POST"
-  wrk.headers["Content-Type"] = args[2]
+  wrk.method = args[3] or "POST"
+  if wrk.method == "GET" then
+    wrk.body = nil
+    wrk.headers["Accept"] = args[2]
+  else
+    wrk.headers["Content-Type"] = args[2]
+  end
 end
 
 function done(summary, latency, requests)

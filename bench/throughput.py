@@ -67,9 +67,18 @@ def ensure_wrk() -> str:
 
 
 def run_wrk(
-    server: Server, url: str, body: Path, content_type: str, duration: float, connections: int
+    server: Server,
+    url: str,
+    body: Path,
+    content_type: str,
+    duration: float,
+    connections: int,
+    *,
+    headers: tuple[str, ...] = (),
+    method: str = "POST",
 ) -> dict[str, Any]:
-    """One wrk run (1 thread) with the server's and wrk's CPU use over the run."""
+    """One wrk run (1 thread) with the server's and wrk's CPU use over the run;
+    ``headers`` ("Name: value") are sent on every request besides the script's."""
     argv = [
         ensure_wrk(),
         "-t1",
@@ -79,10 +88,12 @@ def run_wrk(
         "10s",
         "-s",
         str(LUA),
+        *(arg for header in headers for arg in ("-H", header)),
         url,
         "--",
         str(body),
         content_type,
+        method,
     ]
     sys0 = system_ticks()
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -109,6 +120,7 @@ def run_wrk(
         )
     return {
         "requests": stats["requests"],
+        "bytes": stats["bytes"],  # read from the server, headers included
         "seconds": seconds,
         "req_per_s": stats["requests"] / seconds,
         "errors": errors,
