@@ -3,15 +3,16 @@ docs/OPERATIONS.md "Compression"), against a real gateway on 127.0.0.1.
 
 Decided behaviour under test:
 
-* A textual reply of at least ``compression_min_bytes`` is gzip-compressed for a
-  client whose ``Accept-Encoding`` accepts gzip (``q=0`` refuses it, ``*`` accepts it),
-  with ``Vary: Accept-Encoding``, and decodes to the very bytes sent uncompressed:
-  the OpenAPI document, a pipe listing, a batched publish's reply. Smaller replies,
-  streams, and gateways with ``compression = false`` are sent as they are.
-* A request body with ``Content-Encoding: gzip`` (or ``deflate``) is decoded;
+* A textual reply of at least ``compression_min_bytes`` is compressed for a client
+  whose ``Accept-Encoding`` accepts it: ``zstd`` or ``gzip``, the one weighed higher
+  (zstd on a tie; ``q=0`` refuses, ``*`` stands for the others), with ``Vary:
+  Accept-Encoding``, and decodes to the very bytes sent uncompressed: the OpenAPI
+  document, a pipe listing, a batched publish's reply. The ETag stays. Smaller
+  replies, streams, and gateways with ``compression = false`` are sent as they are.
+* A request body with ``Content-Encoding: gzip``, ``deflate`` or ``zstd`` is decoded;
   ``max_body`` counts the decoded bytes, so a zip bomb is ``413`` with a ``text/plain``
-  reason and the gateway's memory stays bounded; a broken gzip stream is ``400``; any
-  other coding is ``415``.
+  reason and the gateway's memory stays bounded; a broken gzip stream is ``400``, and
+  so is ``br`` (the parser has no decoder for it); any other coding is ``415``.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
-from gateway.server.compression import accepts_gzip
+from gateway.server.compression import choose, zstd
 from tests.app.jsonapi import AJ, DOMAIN, HJ, body, new_pipe
 from tests.conftest import Gateway, MakeGateway
 
@@ -35,6 +36,8 @@ pytestmark = pytest.mark.app
 FEED = "/restms/feed/default"
 GZIP = {"Accept-Encoding": "gzip"}
 IDENTITY = {"Accept-Encoding": "identity"}
+ZSTD = {"Accept-Encoding": "zstd"}
+DECODE = {"gzip": gzip.decompress, "zstd": zstd.decompress, None: lambda body: body}
 
 
 async def raw(
@@ -91,6 +94,16 @@ async def test_the_etag_stays_the_resources(gw: Gateway) -> None:
     assert (status, empty) == (304, b"")
 
 
+async def test_a_pipe_listing_is_smallest_in_zstd(gw: Gateway) -> None:
+    uri = await filled_pipe(gw, 200)
+    _, _, plain = await raw(gw, "GET", uri, headers={**AJ, **IDENTITY})
+    _, headers, packed = await raw(gw, "GET", uri, headers={**AJ, **ZSTD})
+    assert headers["Content-Encoding"] == "zstd"
+    assert zstd.decompress(packed) == plain
+    _, _, gzipped = await raw(gw, "GET", uri, headers={**AJ, **GZIP})
+    assert len(packed) < len(gzipped) < len(plain) / 10
+
+
 async def test_a_pipe_listing_and_a_batched_publish_reply_are_compressed(gw: Gateway) -> None:
     uri = await filled_pipe(gw, 50)
     status, _plain_headers, plain = await raw(gw, "GET", uri, headers={**AJ, **IDENTITY})
@@ -108,27 +121,34 @@ async def test_a_pipe_listing_and_a_batched_publish_reply_are_compressed(gw: Gat
 
 
 @pytest.mark.parametrize(
-    ("accept", "compressed"),
+    ("accept", "coding"),
     [
-        ("gzip", True),
-        ("deflate, gzip;q=0.5, br", True),
-        ("GZIP", True),
-        ("*", True),
-        ("gzip;q=0", False),
-        ("gzip;q=0, *", False),  # named: the wildcard does not count for it
-        ("*;q=0", False),
-        ("identity", False),
-        ("br", False),
-        ("gzip;q=nonsense", False),
+        ("gzip", "gzip"),
+        ("deflate, gzip;q=0.5, br", "gzip"),
+        ("GZIP", "gzip"),
+        ("zstd", "zstd"),
+        ("gzip, deflate, br, zstd", "zstd"),  # as browsers send it over HTTPS
+        ("zstd;q=0.5, gzip", "gzip"),
+        ("*", "zstd"),
+        ("gzip;q=0, *", "zstd"),  # named: the wildcard does not count for gzip
+        ("gzip;q=0", None),
+        ("*;q=0", None),
+        ("identity", None),
+        ("br", None),
+        ("gzip;q=nonsense", None),
     ],
 )
 async def test_accept_encoding_is_read_with_its_weights(
-    gw: Gateway, accept: str, compressed: bool
+    gw: Gateway, accept: str, coding: str | None
 ) -> None:
-    status, headers, _ = await raw(gw, "GET", "/openapi.json", headers={"Accept-Encoding": accept})
+    status, headers, packed = await raw(
+        gw, "GET", "/openapi.json", headers={"Accept-Encoding": accept}
+    )
     assert status == 200
-    assert (headers.get("Content-Encoding") == "gzip") is compressed
-    assert accepts_gzip(accept) is compressed
+    assert headers.get("Content-Encoding") == coding
+    assert choose(accept) == coding
+    _, _, plain = await raw(gw, "GET", "/openapi.json", headers=IDENTITY)
+    assert DECODE[coding](packed) == plain
 
 
 async def test_small_replies_and_streams_are_sent_as_they_are(gw: Gateway) -> None:
@@ -160,19 +180,29 @@ async def test_compression_can_be_turned_off_or_its_threshold_moved(
 # ---------------------------------------------------------------- request bodies
 async def test_a_gzip_request_body_is_decoded(gw: Gateway) -> None:
     plain = messages(20)
-    for coding, packed in (("gzip", gzip.compress(plain)), ("deflate", zlib.compress(plain))):
+    packings = (
+        ("gzip", gzip.compress(plain)),
+        ("deflate", zlib.compress(plain)),
+        ("zstd", zstd.compress(plain)),
+    )
+    for coding, packed in packings:
         headers = {**HJ, "Content-Encoding": coding}
         async with gw.http.post(FEED, data=packed, headers=headers) as r:
             assert r.status == 200, await r.text()
             assert len((await r.json(content_type=None))["restms"]["message"]) == 20
 
 
-async def test_a_zip_bomb_is_413_and_memory_stays_bounded(make_gateway: MakeGateway) -> None:
+@pytest.mark.parametrize("coding", ["gzip", "zstd"])
+async def test_a_zip_bomb_is_413_and_memory_stays_bounded(
+    make_gateway: MakeGateway, coding: str
+) -> None:
     gw = await make_gateway(max_body=1 << 20)
-    bomb = gzip.compress(b"\0" * (512 << 20), 9)  # 512 MiB in about 500 KB
-    assert len(bomb) < 1 << 20
+    zeros = b"\0" * (512 << 20)
+    bomb = gzip.compress(zeros, 9) if coding == "gzip" else zstd.compress(zeros, 19)
+    del zeros
+    assert len(bomb) < 1 << 20  # 512 MiB in at most 500 KB
     before = await asyncio.to_thread(_rss)
-    async with gw.http.post(FEED, data=bomb, headers={**HJ, "Content-Encoding": "gzip"}) as r:
+    async with gw.http.post(FEED, data=bomb, headers={**HJ, "Content-Encoding": coding}) as r:
         assert r.status == 413
         assert r.content_type == "text/plain"
         assert "limit" in await r.text()
@@ -185,6 +215,12 @@ async def test_a_broken_gzip_body_is_400(gw: Gateway) -> None:
         assert r.status == 400
         assert r.content_type == "text/plain"
         assert "Content-Encoding" in await r.text()
+
+
+async def test_a_brotli_body_is_400_as_the_parser_cannot_decode_it(gw: Gateway) -> None:
+    async with gw.http.post(FEED, data=messages(1), headers={**HJ, "Content-Encoding": "br"}) as r:
+        assert r.status == 400
+        assert r.content_type == "text/plain"
 
 
 @pytest.mark.parametrize("coding", ["compress", "gzip, gzip", "x-unknown", "br, gzip"])
