@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 from multidict import CIMultiDict
 
+from gateway.server import compression
 from gateway.server.compression import choose, zstd
 from tests.app.jsonapi import AJ, DOMAIN, HJ, body, new_pipe
 from tests.conftest import Gateway, MakeGateway
@@ -237,3 +238,17 @@ def _rss() -> int:
     """This process's resident memory (the gateway runs in it), in bytes."""
     with open(f"/proc/{os.getpid()}/statm", encoding="ascii") as statm:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.parametrize("coding", ["gzip", "zstd"])
+async def test_bodies_over_the_inline_size_are_packed_in_a_thread_alike(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch, coding: str
+) -> None:
+    _, _, plain = await raw(gw, "GET", "/openapi.json", headers=IDENTITY)
+    monkeypatch.setattr(compression, "INLINE_MAX", 1024)  # the OpenAPI JSON is far larger
+    status, headers, packed = await raw(
+        gw, "GET", "/openapi.json", headers={"Accept-Encoding": coding}
+    )
+    assert status == 200
+    assert headers["Content-Encoding"] == coding
+    assert DECODE[coding](packed) == plain
