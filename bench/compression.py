@@ -164,7 +164,7 @@ def _measure(
     return out
 
 
-def run(rounds: int, duration: float) -> dict[str, Any]:
+def run(rounds: int, duration: float, only: list[str] | None = None) -> dict[str, Any]:
     gateway = start("gateway", {**GATEWAY_ENV, "RESTMS_CORS_ORIGINS": ORIGIN})
     try:
         listed, reply, listing = uvloop.run(_fill(gateway.base))
@@ -188,6 +188,8 @@ def run(rounds: int, duration: float) -> dict[str, Any]:
                 "cors": ("", files["single"], XML, "POST", 32, ORIGINS),
             }
             for serial, (name, case) in enumerate(cases.items()):
+                if only and name not in only:
+                    continue
                 measured = _measure(gateway, name, case, rounds, duration, serial * 1000)
                 out.setdefault(name, {}).update(measured)
         return out
@@ -199,8 +201,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=4.0, help="seconds per wrk run")
+    parser.add_argument("--only", help="comma-separated: batch_reply, listing, cors (all)")
     args = parser.parse_args()
-    result = run(args.rounds, args.duration)
+    result = run(args.rounds, args.duration, args.only.split(",") if args.only else None)
     summary = {
         name: {k: v for k, v in figures.items() if k != "samples"}
         for name, figures in result.items()

@@ -7,7 +7,7 @@ when the request's ``Accept-Encoding`` accepts a coding the gateway writes (RFC 
 named): ``zstd`` (level 3) first, then ``gzip`` (zlib's level 1). On the gateway's
 documents, which repeat themselves (a listing names one pipe a thousand times), zstd
 packs a 116 KB listing to half of gzip's size in a third of its time, and gzip at level
-1 as small as zlib's default level 6 in a quarter of the time (docs/BENCHMARKS.md,
+1 within 2-4 % of zlib's default level 6 in a third of the time (docs/BENCHMARKS.md,
 "Compression and CORS"); aiohttp's own compression has neither zstd nor a level to
 choose. Bodies up to :data:`INLINE_MAX` are compressed on the event loop, which spent
 some thirty times longer making them (a 116 KB listing: about 3 ms to make, 0.09 ms to
