@@ -110,20 +110,11 @@ class Origins:
     def __init__(self, entries: str, key: str = "cors_origins") -> None:
         """``entries``: origins and patterns apart by commas or spaces (ValueError names
         a bad one)."""
-        self.any = False
-        self.exact: frozenset[str] = frozenset()
-        self.patterns: tuple[re.Pattern[str], ...] = ()
-        exact, patterns = set(), []
-        for entry in entries.replace(",", " ").split():
-            if entry == "*":
-                self.any = True
-                continue
-            parsed = _entry(entry, key)
-            if isinstance(parsed, str):
-                exact.add(parsed)
-            else:
-                patterns.append(parsed)
-        self.exact, self.patterns = frozenset(exact), tuple(patterns)
+        listed = entries.replace(",", " ").split()
+        parsed = [_entry(entry, key) for entry in listed if entry != "*"]
+        self.any = "*" in listed
+        self.exact = frozenset(p for p in parsed if isinstance(p, str))
+        self.patterns = tuple(p for p in parsed if not isinstance(p, str))
 
     @property
     def configured(self) -> bool:
