@@ -17,9 +17,12 @@ up at once without stale mixes of old HTML and new script.
 
 The same module serves the analytics dashboard at ``/dashboard``
 (docs/ANALYTICS.md, "The dashboard"): three more files (``dashboard.html``,
-``dashboard.js``, ``dashboard.css``) under the same rules, whose script draws SVG
-charts from ``GET /analytics/...`` with the token the user pastes (shared with the
-live page through ``sessionStorage``); only the data behind it needs a scope.
+``dashboard.js``, ``dashboard.css``) under the same rules, whose script charts
+``GET /analytics/...`` with the token the user pastes (shared with the live page
+through ``sessionStorage``); only the data behind it needs a scope. Its charts are
+drawn by uPlot, a third-party library vendored as released under
+``static/vendor/uplot/`` (its license, version and digests in the README there) and
+served like the rest: the dashboard loads nothing from elsewhere and works offline.
 
 The same module serves the API's description (docs/API.md): ``/openapi.json``, the
 OpenAPI file ``openapi/openapi.yaml`` converted to JSON once, in a thread, on the
@@ -72,6 +75,10 @@ FILES: Mapping[str, str] = {
     "api.html": "text/html; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
     "api.css": "text/css; charset=utf-8",
+    # Third-party, unchanged as released (static/vendor/uplot/README.md).
+    "vendor/uplot/uPlot.esm.js": "text/javascript; charset=utf-8",
+    "vendor/uplot/uPlot.min.css": "text/css; charset=utf-8",
+    "vendor/uplot/LICENSE": "text/plain; charset=utf-8",
 }
 # Path -> file name: the routes (all public, see gateway.auth.authn.PUBLIC).
 ROUTES: Mapping[str, str] = {
