@@ -27,6 +27,13 @@ if TYPE_CHECKING:
 
 MASTER = "local[2]"
 PARTITIONS = 2
+# A gateway's settings for its own Spark worker in the tests: the streaming job's
+# trigger is short because sync() waits for the next one.
+WORKER_SETTINGS = {
+    "analytics_master": MASTER,
+    "analytics_partitions": PARTITIONS,
+    "analytics_stream_interval": 1.0,
+}
 CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
@@ -47,7 +54,3 @@ def spark(spark_conf: None) -> Iterator[SparkSession]:
     built = session.build(MASTER, shuffle_partitions=PARTITIONS)
     yield built
     built.stop()
-
-
-# The browser tests' Chromium, for the dashboard (tests/browser/conftest.py).
-from tests.browser.conftest import browser  # noqa: E402, F401

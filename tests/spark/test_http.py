@@ -1,6 +1,6 @@
 """Analytics end to end: real traffic through a real gateway on 127.0.0.1, mirrored
-into its lake, queried over HTTP (the gateway's Spark worker), from the command line
-and on the dashboard in headless Chromium.
+into its lake, queried over HTTP (the gateway's Spark worker) and from the command
+line. The dashboard's test, in headless Chromium, is tests/browser/test_dashboard.py.
 
 Decided behaviour under test (docs/ANALYTICS.md, "Interfaces"):
 
@@ -12,8 +12,6 @@ Decided behaviour under test (docs/ANALYTICS.md, "Interfaces"):
   with a text/plain reason, and never reach the worker.
 * A repeated request is answered from the cache (``X-Analytics-Cache: hit`` and the
   counter in ``GET /analytics``).
-* The dashboard renders its charts and table from the streaming job's aggregates with
-  no script error or CSP violation; a screenshot is kept.
 * A query that outlives ``analytics_timeout`` is 504 with ``Retry-After``.
 """
 
@@ -21,13 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pyarrow.dataset as ds
 import pytest
-from playwright.async_api import Browser, expect
 
 from gateway.admin.analytics import ANALYTICS
 from gateway.admin.mirroring import MIRROR
@@ -36,9 +32,8 @@ from spark_sink import queries, schema
 from spark_sink.params import UTC, Params, iso
 from tests.app.jsonapi import DOMAIN, get, post, publish
 from tests.app.oauth import clients, token
-from tests.browser.conftest import STEP, LivePage, shoot
 from tests.conftest import MakeGateway
-from tests.spark.conftest import PARTITIONS
+from tests.spark.conftest import WORKER_SETTINGS
 from tests.spark.lake import nearest_rank
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
@@ -91,18 +86,11 @@ async def ask(gw, path: str, bearer: str | None, **params: str) -> tuple[int, An
         return r.status, body, r.headers
 
 
-async def test_http_cli_and_dashboard(
-    make_gateway: MakeGateway, spark, browser: Browser, tmp_path: Path
-) -> None:
+async def test_http_queries(make_gateway: MakeGateway, spark) -> None:
     configured, secrets = await clients(
         analyst="restms:analytics", narrow="restms:analytics:domain/default", reader="restms:read"
     )
-    gw = await make_gateway(
-        clients=configured,
-        analytics_master="local[2]",
-        analytics_partitions=PARTITIONS,
-        analytics_stream_interval=1.0,  # sync() waits for the next trigger: keep it short
-    )
+    gw = await make_gateway(clients=configured, **WORKER_SETTINGS)
     analyst = await token(gw, "analyst", secrets["analyst"])
     narrow = await token(gw, "narrow", secrets["narrow"])
     reader = await token(gw, "reader", secrets["reader"])
@@ -181,50 +169,6 @@ async def test_http_cli_and_dashboard(
         assert answer["rows"] == [list(r) for r in local.rows], name
     status, principals, _ = await ask(gw, "/analytics/principals", analyst, **window)
     assert principals["rows"] == [["guest", MESSAGES, sum(map(size, range(MESSAGES)))]]
-
-    # The dashboard, fed by the streaming job.
-    await gw.app[ANALYTICS].sync()
-    context = await browser.new_context(viewport={"width": 1100, "height": 1400})
-    try:
-        context.set_default_timeout(STEP)
-        page = await context.new_page()
-        live = LivePage(page=page, gw=gw)
-        page.on("pageerror", lambda error: live.errors.append(str(error)))
-        page.on("console", lambda m: live.console.append(m.text) if m.type == "error" else None)
-        await page.add_init_script(
-            "window.__violations = []; document.addEventListener('securitypolicyviolation',"
-            " (e) => window.__violations.push(e.effectiveDirective));"
-        )
-        reply = await page.goto(gw.url + "/dashboard")
-        assert reply is not None
-        assert reply.status == 200
-        await expect(page.locator("body[data-ready]")).to_have_count(1)
-        await expect(page.get_by_role("alert")).to_contain_text("403")  # the guest
-        await page.get_by_label("Bearer token").fill(analyst)
-        await page.get_by_role("button", name="Use token").click()
-        await expect(page.locator("#throughput-total")).to_have_text(
-            f"{sent['published']} published, {sent['delivered']} delivered"
-        )
-        await expect(page.get_by_role("alert")).to_be_hidden()
-        assert int(await page.locator("#throughput-chart").get_attribute("data-points") or 0) >= 1
-        await expect(page.locator("#throughput-chart polyline")).to_have_count(2)
-        await expect(page.locator("#latency-chart polyline")).to_have_count(1)
-        await expect(page.locator("#percentiles tbody tr")).to_have_count(1)
-        await expect(page.locator("#percentiles tbody td").nth(1)).to_have_text(
-            str(sent["delivered"])
-        )
-        await shoot(live, "dashboard")
-        await page.get_by_label("Range").select_option("7d")  # a range of 10,080 minutes
-        await expect(page.get_by_role("status")).to_contain_text("Updated", timeout=60_000)
-        await expect(page.get_by_role("alert")).to_be_hidden()
-        await expect(page.locator("#throughput-total")).to_have_text(
-            f"{sent['published']} published, {sent['delivered']} delivered"
-        )
-        assert live.errors == []
-        assert await page.evaluate("window.__violations") == []
-        assert [m for m in live.console if "403" not in m] == []
-    finally:
-        await context.close()
 
     # A query that outlives analytics_timeout: 504 with the reason; its worker is stopped.
     gw.app[ANALYTICS].timeout = 0.001
