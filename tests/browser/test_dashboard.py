@@ -162,6 +162,7 @@ async def test_the_dashboard_charts_zoom_hover_and_feed_choice(
         await expect(page.locator("#worker-state")).to_have_text(worker["state"])
     else:
         await expect(page.locator("#worker")).to_be_hidden()
+    await expect(page.locator("#lost")).to_be_hidden()  # the mirror dropped nothing
 
     # Zoom by dragging over the right half (the traffic is in the last minutes).
     plot = page.locator("#throughput-chart .u-over")

@@ -26,12 +26,14 @@ const PALETTE = ["#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f",
   "#edc948", "#b07aa1", "#ff9da7", "#9c755f", "#bab0ac"];
 const LINE = { show: false }; // a count every minute: the line alone reads better
 const DOTS = { show: true, size: 6 };
+const WORKER_POLL_MS = 5_000; // while the worker starts
 const WORKER_STATES = new Set(["stopped", "starting", "ready", "idle-released", "failed"]);
 
 const $ = (id) => document.getElementById(id);
 const state = {
   token: sessionStorage.getItem(TOKEN_KEY) || "",
   timer: 0,
+  workerTimer: 0,
   loading: false,
   feeds: new Map(), // name -> {colour, shown}, every feed seen since the page loaded
   chosen: false, // the user picked feeds: new ones are no longer shown by default
@@ -353,7 +355,9 @@ function percentiles(shown) {
   }
 }
 
-// The Spark worker's state, where the gateway's answer has one; nothing otherwise.
+// The Spark worker's state (and since when, and why it failed) where the gateway's
+// answer has one; nothing otherwise. While it starts, it is asked again sooner than
+// the refresh, to show when it is ready.
 function showWorker(index) {
   const worker = index && typeof index.worker === "object" ? index.worker : null;
   const known = worker && typeof worker.state === "string";
@@ -361,6 +365,23 @@ function showWorker(index) {
   const text = $("worker-state");
   text.textContent = known ? worker.state : "";
   text.className = known && WORKER_STATES.has(worker.state) ? `state ${worker.state}` : "state";
+  const since = known && Date.parse(worker.since);
+  const reason = known && typeof worker.reason === "string" ? worker.reason : "";
+  $("worker-detail").textContent = (since ? ` since ${stamp(since / 1000)} UTC` : "")
+    + (reason ? `: ${reason}` : "");
+  clearTimeout(state.workerTimer);
+  if (known && worker.state === "starting") state.workerTimer = setTimeout(loadWorker, WORKER_POLL_MS);
+}
+
+// Events the mirror dropped in the range, where the answers say (`lost`): the charts
+// cannot count them, and say so.
+function showLost(...answers) {
+  const lost = Math.max(0, ...answers.map((a) => a.lost).filter(Number.isInteger));
+  const box = $("lost");
+  box.textContent = lost
+    ? `The mirror dropped ${lost} event${lost === 1 ? "" : "s"} in this range: they are not counted here.`
+    : "";
+  box.hidden = !lost;
 }
 
 async function loadWorker() {
@@ -378,6 +399,7 @@ async function load() {
   try {
     const [rolling, latency] = await Promise.all([query("rolling"), query("latency"), loadWorker()]);
     state.view = digest(rolling, latency);
+    showLost(rolling, latency);
     learn(state.view.feeds);
     draw();
     notice("");
