@@ -213,14 +213,31 @@ function plot(container, series) {
       { ...axis, space: 90, values: ticks },
       { ...axis, size: 56, values: (u, splits) => splits.map(formatNumber) },
     ],
-    cursor: { drag: { x: true, y: false }, sync: { key: SYNC, setSeries: false } },
+    cursor: { drag: { x: true, y: false, setScale: false }, sync: { key: SYNC, setSeries: false } },
     legend: { live: true },
-    hooks: { setScale: [zoomed], setSeries: [remember] },
+    hooks: { setSelect: [selected], setScale: [zoomed], setSeries: [remember] },
   };
   container.replaceChildren(); // "No feed chosen." and the like
   const chart = new uPlot(options, [state.view.minutes, ...series.map((s) => s.values)], container);
   chart.over.addEventListener("wheel", (event) => wheel(chart, event), { passive: false });
   return chart;
+}
+
+// uPlot's setSelect hook: a drag across a chart ended. Zoom to the minutes it spans,
+// widened to whole ones (the data's own step), so that a drag ending a few pixels
+// short of a minute, or of the chart's edge, still shows that minute.
+function selected(chart) {
+  const { left, width } = chart.select;
+  if (chart.status !== 1 || width < 2) return; // a click, not a drag
+  chart.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+  const [first, last] = state.view.extent;
+  let min = Math.max(first, Math.floor(chart.posToVal(left, "x") / MINUTE) * MINUTE);
+  let max = Math.min(last, Math.ceil(chart.posToVal(left + width, "x") / MINUTE) * MINUTE);
+  if (max - min < NARROWEST) {
+    max = Math.min(last, min + NARROWEST);
+    min = Math.max(first, max - NARROWEST);
+  }
+  chart.setScale("x", { min, max });
 }
 
 // A wheel step zooms in (or out) around the minute under the pointer.
@@ -241,13 +258,13 @@ function wheel(chart, event) {
 // fired while a chart is built (status 0) are its initial range, not a choice.
 function zoomed(chart, key) {
   if (key !== "x" || chart.status !== 1) return;
+  const [first, last] = state.view.extent;
   const { min, max } = chart.scales.x;
   for (const other of state.charts) {
     if (other !== chart && (other.scales.x.min !== min || other.scales.x.max !== max)) {
       other.setScale("x", { min, max });
     }
   }
-  const [first, last] = state.view.extent;
   state.zoom = min > first || max < last ? [min, max] : null;
   showZoom();
 }
@@ -438,6 +455,13 @@ function chooseAll(shown) {
   for (const feed of state.view.feeds) choose(feed.name, shown);
   draw();
 }
+
+// A canvas does not follow the page's colours by itself: new charts when the theme
+// changes.
+matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => {
+  state.labels = "";
+  if (state.view) draw();
+});
 
 // The charts follow their cards' width.
 const resized = new ResizeObserver(() => {
