@@ -21,7 +21,7 @@ tree rooted in :class:`RestMSError`. docs/CLIENT.md is the guide.
 """
 
 from .auth import Basic, Bearer, ClientCredentials, Credentials
-from .client import Admin, AsyncAdmin, AsyncClient, Client
+from .client import Admin, AsyncAdmin, AsyncClient, AsyncMessages, Client
 from .errors import (
     BadRequest,
     Conflict,
@@ -51,6 +51,7 @@ __all__ = [
     "Admin",
     "AsyncAdmin",
     "AsyncClient",
+    "AsyncMessages",
     "BadRequest",
     "Basic",
     "Bearer",

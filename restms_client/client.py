@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
 import httpx2
@@ -205,7 +205,10 @@ class Client(_Operations, _Sync):
             while not isinstance(step := _step(gen, result, error), StopIteration):
                 result, error = None, None
                 if isinstance(step, Emit):
-                    yield step.value
+                    try:
+                        yield step.value
+                    except GeneratorExit:
+                        return  # the reader is left: close what it opened, cleanly
                     continue
                 try:
                     result = self._do(step, opened)
@@ -253,18 +256,28 @@ class AsyncClient(_Operations, _Async):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def messages(
+    def messages(
         self,
         pipe: Pipe | str,
         *,
         auto_ack: bool = False,
         transport: str = "auto",
         on_gap: ops.GapHandler = None,
-    ) -> AsyncIterator[Delivery[Coroutine[Any, Any, None]]]:
-        """As :meth:`Client.messages`."""
+    ) -> AsyncMessages:
+        """As :meth:`Client.messages`: ``async for message in client.messages(pipe)``.
+
+        Leave the loop inside ``async with client.messages(pipe) as messages:`` (or
+        call ``aclose()``): an abandoned asynchronous generator is closed later by the
+        event loop, in another task, which a WebSocket's task group does not allow.
+        """
         op = readers.reader(self._core, pipe, transport, auto_ack=auto_ack, on_gap=on_gap)
-        async for received in self._drive(op, []):
-            yield _delivery(received, self.ack)
+        return AsyncMessages(self._deliveries(op))
+
+    async def _deliveries(self, op: Op[None]) -> AsyncGenerator[AsyncDelivery]:
+        # closed here, in this task, not left to the loop's finalizer (see above)
+        async with contextlib.aclosing(self._drive(op, [])) as driven:
+            async for received in driven:
+                yield _delivery(received, self.ack)
 
     async def _call(self, op: Callable[..., Op[T]], *args: Any, **kwargs: Any) -> T:
         box: list[T] = []
@@ -272,7 +285,7 @@ class AsyncClient(_Operations, _Async):
             raise ProtocolError(f"an operation emitted {emitted!r}")
         return box[0]
 
-    async def _drive(self, gen: Op[T], box: list[T]) -> AsyncIterator[object]:
+    async def _drive(self, gen: Op[T], box: list[T]) -> AsyncGenerator[object]:
         result: Any = None
         error: RestMSError | None = None
         async with contextlib.AsyncExitStack() as opened:
@@ -280,7 +293,10 @@ class AsyncClient(_Operations, _Async):
             while not isinstance(step := _step(gen, result, error), StopIteration):
                 result, error = None, None
                 if isinstance(step, Emit):
-                    yield step.value
+                    try:
+                        yield step.value
+                    except GeneratorExit:
+                        return  # the reader is left: close what it opened, cleanly
                     continue
                 try:
                     result = await self._do(step, opened)
@@ -309,6 +325,32 @@ class AsyncClient(_Operations, _Async):
             if (failure := _failure(call, exc)) is None:
                 raise
             raise failure from exc
+
+
+AsyncDelivery = Delivery[Coroutine[Any, Any, None]]
+
+
+class AsyncMessages:
+    """The messages of a pipe for ``async for``, and an async context manager that
+    closes the reader (its stream or socket) where it was opened."""
+
+    def __init__(self, deliveries: AsyncGenerator[AsyncDelivery]) -> None:
+        self._deliveries = deliveries
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> AsyncDelivery:
+        return await anext(self._deliveries)
+
+    async def aclose(self) -> None:
+        await self._deliveries.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
 
 
 class _AdminOperations:

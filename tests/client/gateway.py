@@ -25,8 +25,11 @@ def free_port() -> int:
 class GatewayProcess:
     """``main.py serve`` on 127.0.0.1:``port`` with ``data_dir``; settings by env."""
 
-    def __init__(self, data_dir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, data_dir: Path, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    ) -> None:
         self.data_dir = data_dir
+        self.args = args
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         clean = {k: v for k, v in os.environ.items() if not k.startswith("RESTMS_")}
@@ -49,7 +52,8 @@ class GatewayProcess:
                     "--data-dir",
                     str(self.data_dir),
                     "--log-level",
-                    "WARNING",
+                    "INFO",
+                    *self.args,
                 ],
                 cwd=ROOT,
                 env=self.env,
@@ -60,11 +64,10 @@ class GatewayProcess:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the gateway exited: {log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
+            # its own line, not a connect: another process could hold the port
+            if f"listening on {self.url}/" in log.read_text(errors="replace"):
+                return
+            time.sleep(0.05)
         raise RuntimeError(f"the gateway did not listen within {START_TIMEOUT} s")
 
     def stop(self, sig: int = signal.SIGTERM) -> None:

@@ -18,6 +18,7 @@ from restms_client import (
     NotFound,
     Retry,
 )
+from tests.client.conftest import unique
 from tests.client.gateway import GatewayProcess
 
 
@@ -35,10 +36,11 @@ def test_resources_round_trip(gateway: GatewayProcess, wire: str) -> None:
         assert "3/Defaults" in domain.profiles
         assert domain.feed("default").href == gateway.url + "/restms/feed/default"
 
-        feed = client.create_feed("orders", "topic", title="Orders")
-        assert (feed.name, feed.type, feed.title) == ("orders", "topic", "Orders")
-        assert client.create_feed("orders", "topic").href == feed.href  # idempotent
-        assert client.feed("orders") == feed
+        name = unique("orders")
+        feed = client.create_feed(name, "topic", title="Orders")
+        assert (feed.name, feed.type, feed.title) == (name, "topic", "Orders")
+        assert client.create_feed(name, "topic").href == feed.href  # idempotent
+        assert client.feed(name) == feed
 
         pipe = client.create_pipe(title="work", lease=60, max_messages=100)
         assert pipe.settings["lease"] == "60"
@@ -60,7 +62,7 @@ def test_resources_round_trip(gateway: GatewayProcess, wire: str) -> None:
 @pytest.mark.parametrize("wire", ["json", "xml"])
 def test_publish_and_read_in_order(gateway: GatewayProcess, wire: str) -> None:
     with Client(gateway.url, format=wire) as client:
-        feed = client.create_feed("news", "fanout")
+        feed = client.create_feed(unique("news"), "fanout")
         pipe = client.create_pipe(title="reader")
         client.join(pipe, feed)
         batch = [
@@ -117,7 +119,7 @@ def test_auto_ack_after_the_handler(gateway: GatewayProcess) -> None:
 
 def test_message_id_makes_a_repeat_a_duplicate(gateway: GatewayProcess) -> None:
     with Client(gateway.url) as client:
-        feed = client.create_feed("once", "fanout")
+        feed = client.create_feed(unique("once"), "fanout")
         pipe = client.create_pipe()
         client.join(pipe, feed)
         message = Message.of("only once", message_id="order-42")
@@ -168,7 +170,7 @@ def test_a_gap_is_raised_or_handed_to_on_gap(gateway: GatewayProcess) -> None:
 def test_errors_keep_status_and_reason(gateway: GatewayProcess) -> None:
     with Client(gateway.url, retry=Retry(attempts=0)) as client:
         with pytest.raises(BadRequest) as bad:
-            client.create_feed("weird", "no-such-type")
+            client.create_feed(unique("weird"), "no-such-type")
         assert bad.value.status == 400
         assert "no-such-type" in bad.value.reason
         assert "\n" not in bad.value.reason
@@ -178,7 +180,7 @@ def test_errors_keep_status_and_reason(gateway: GatewayProcess) -> None:
 
 def test_staged_content_is_linked_and_fetched(gateway: GatewayProcess) -> None:
     with Client(gateway.url) as client:
-        feed = client.create_feed("files", "fanout")
+        feed = client.create_feed(unique("files"), "fanout")
         pipe = client.create_pipe()
         client.join(pipe, feed)
         staged = client.stage(feed, b"%PDF-1.7 bytes", "application/pdf")
