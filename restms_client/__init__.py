@@ -44,6 +44,7 @@ from .errors import (
 )
 from .steps import Retry
 from .values import Content, Delivery, Domain, Feed, Gap, Join, Listed, Message, Pipe, Published
+from .webhooks import Receiver, Refuse, Webhook, aiohttp_handler, asgi_app, signature_ok, wsgi_app
 
 __version__ = "0.1.0"
 
@@ -76,6 +77,8 @@ __all__ = [
     "PreconditionFailed",
     "ProtocolError",
     "Published",
+    "Receiver",
+    "Refuse",
     "RestMSError",
     "Retry",
     "ServerError",
@@ -86,4 +89,9 @@ __all__ = [
     "Unauthorized",
     "UnprocessableContent",
     "UnsupportedMediaType",
+    "Webhook",
+    "aiohttp_handler",
+    "asgi_app",
+    "signature_ok",
+    "wsgi_app",
 ]

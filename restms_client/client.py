@@ -20,7 +20,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 import httpx2
 
 from . import admin as admin_ops
-from . import codec, ops, readers, streams
+from . import codec, ops, patterns, readers, streams
 from .auth import ClientCredentials, Credentials, async_session, sync_session
 from .errors import ProtocolError, RestMSError, TransportError, Unauthorized
 from .steps import Call, Emit, Op, Received, Retry, Sleep, Step
@@ -141,6 +141,10 @@ class _Operations:
     stage = _Method(ops.stage)
     content = _Method(ops.content)
     ack = _Method(ops.ack)
+    request = _Method(patterns.request)
+    reply = _Method(patterns.reply)
+    worker = _Method(patterns.worker)
+    subscribe = _Method(patterns.subscribe)
     _token_endpoint = _Method(ops.token_endpoint)
 
 
