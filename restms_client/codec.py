@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import operator
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
@@ -115,8 +116,7 @@ def publish_tree(
 
 def _message_object(message: Message, message_id: str, persistent: bool | None) -> Tree:
     obj: Tree = {"address": message.address}
-    for name in PROPERTIES:
-        value = getattr(message, name)
+    for name, value in zip(PROPERTIES, _properties(message), strict=True):
         if value is not None:
             obj[name] = str(value)
     obj["message_id"] = message_id
@@ -129,6 +129,9 @@ def _message_object(message: Message, message_id: str, persistent: bool | None) 
     if message.contents:
         obj["content"] = [_content_object(c) for c in message.contents]
     return obj
+
+
+_properties = operator.attrgetter(*PROPERTIES)
 
 
 def _content_object(content: Content) -> Tree:

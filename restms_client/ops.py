@@ -196,7 +196,9 @@ def publish(
     ``persistent`` is the default for messages that do not say.
     """
     batch = (messages,) if isinstance(messages, Message) else tuple(messages)
-    ids = tuple(m.message_id or new_id() for m in batch)
+    # one random stem a request, numbered: unique ids without a random draw each
+    stem = new_id()
+    ids = tuple(m.message_id or f"{stem}.{i}" for i, m in enumerate(batch))
     tree = codec.publish_tree(batch, ids, persistent)
     reply = yield from send(core.call("POST", href_of(feed), tree), core.retry)
     replayed = reply.headers.get("idempotent-replayed") == "true"
