@@ -21,7 +21,15 @@ tree rooted in :class:`RestMSError`. docs/CLIENT.md is the guide.
 """
 
 from .auth import Basic, Bearer, ClientCredentials, Credentials
-from .client import Admin, AsyncAdmin, AsyncClient, AsyncMessages, Client
+from .client import (
+    Admin,
+    AdminOperations,
+    AsyncAdmin,
+    AsyncClient,
+    AsyncMessages,
+    Client,
+    Operations,
+)
 from .errors import (
     BadRequest,
     Conflict,
@@ -50,6 +58,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admin",
+    "AdminOperations",
     "AsyncAdmin",
     "AsyncClient",
     "AsyncMessages",
@@ -72,6 +81,7 @@ __all__ = [
     "Message",
     "NotAcceptable",
     "NotFound",
+    "Operations",
     "PayloadTooLarge",
     "Pipe",
     "PreconditionFailed",

@@ -3,7 +3,7 @@
 Both have the same methods, made from the same operations (``ops.py``, run as
 ``steps.py`` describes): a method of :class:`Client` returns the operation's result,
 the same method of :class:`AsyncClient` returns a coroutine of it. The method table is
-written once (:class:`_Operations`); each client only brings its way of doing I/O.
+written once (:class:`Operations`); each client only brings its way of doing I/O.
 Each client owns one ``httpx2`` session (connection pool, credentials): close it with
 ``close()`` / ``aclose()``, or use the client as a context manager.
 """
@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import time
+import typing
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 
@@ -47,22 +49,53 @@ class _Async:
 class _Method(Generic[P, T]):
     """A client method made from an operation: ``client.x(...)`` runs
     ``ops.x(client's core, ...)``, to its result on a synchronous client and as a
-    coroutine on an asyncio one."""
+    coroutine on an asyncio one. Read on the class it is a plain function with the
+    operation's signature and docstring, which is what documentation tools show."""
 
     def __init__(self, op: Callable[Concatenate[ops.Core, P], Op[T]]) -> None:
         self.op = op
-        self.__doc__ = op.__doc__
+
+        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return self._call(op, *args, **kwargs)
+
+        self.__signature__ = signature = _signature(op)
+        setattr(method, "__signature__", signature)  # noqa: B010 (read by inspect)
+        method.__doc__ = op.__doc__
+        method.__name__ = op.__name__
+        method.__module__ = op.__module__
+        self.function = method
+        self.__doc__ = op.__doc__  # what documentation tools read on the descriptor
+
+    def __call__(self, client: Any, *args: Any, **kwargs: Any) -> Any:
+        """The method called through its class: ``Client.publish(client, ...)``."""
+        return self.function(client, *args, **kwargs)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.function.__qualname__ = f"{owner.__qualname__}.{name}"
 
     @overload
-    def __get__(self, obj: None, owner: type) -> Self: ...
+    def __get__(self, obj: None, owner: type) -> Callable[..., Any]: ...
     @overload
     def __get__(self, obj: _Sync, owner: type) -> Callable[P, T]: ...
     @overload
     def __get__(self, obj: _Async, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
     def __get__(self, obj: object, owner: type) -> Any:
         if obj is None:
-            return self
+            return self.function
         return functools.partial(obj._call, self.op)  # type: ignore[attr-defined]
+
+
+def _signature(op: Callable[..., Op[Any]]) -> inspect.Signature:
+    """The method's signature: the operation's without its core, returning what the
+    operation returns (the generator's return type), its names resolved."""
+    hints = typing.get_type_hints(op)
+    parameters = [
+        p.replace(annotation=hints.get(p.name, p.annotation))
+        for p in list(inspect.signature(op).parameters.values())[1:]
+    ]
+    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    returns = typing.get_args(hints["return"])[2]
+    return inspect.Signature([self_parameter, *parameters], return_annotation=returns)
 
 
 def _step(gen: Op[T], result: Any, error: RestMSError | None) -> Step | StopIteration:
@@ -104,8 +137,9 @@ def _failure(call: Call, exc: Exception) -> RestMSError | None:
     return None
 
 
-class _Operations:
-    """What both clients can do: the method table, written once."""
+class Operations:
+    """What both clients can do: the method table, written once (the base of
+    :class:`Client` and :class:`AsyncClient`; use those)."""
 
     def __init__(
         self,
@@ -148,7 +182,7 @@ class _Operations:
     _token_endpoint = _Method(ops.token_endpoint)
 
 
-class Client(_Operations, _Sync):
+class Client(Operations, _Sync):
     """A synchronous RestMS client.
 
     ``url`` is the gateway's base URL; ``auth`` a :class:`~restms_client.Bearer`,
@@ -243,7 +277,7 @@ class Client(_Operations, _Sync):
             raise failure from exc
 
 
-class AsyncClient(_Operations, _Async):
+class AsyncClient(Operations, _Async):
     """The asyncio client: the methods of :class:`Client` as coroutines, and
     ``async for message in client.messages(pipe)`` (``await message.ack()``)."""
 
@@ -357,7 +391,7 @@ class AsyncMessages:
         await self.aclose()
 
 
-class _AdminOperations:
+class AdminOperations:
     """The ``/admin`` resources (docs/ADMIN.md): ``client.admin.pipes()`` and so on."""
 
     bridges = _Method(admin_ops.bridges)
@@ -375,14 +409,14 @@ class _AdminOperations:
     stats = _Method(admin_ops.stats)
 
 
-class Admin(_AdminOperations, _Sync):
+class Admin(AdminOperations, _Sync):
     """``client.admin`` of a :class:`Client`."""
 
     def __init__(self, client: Client) -> None:
         self._call = client._call  # type: ignore[method-assign]
 
 
-class AsyncAdmin(_AdminOperations, _Async):
+class AsyncAdmin(AdminOperations, _Async):
     """``client.admin`` of an :class:`AsyncClient` (coroutines)."""
 
     def __init__(self, client: AsyncClient) -> None:
