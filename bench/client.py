@@ -85,12 +85,17 @@ async def _publish_aiohttp(http: aiohttp.ClientSession, feed: str, requests: int
                 raise RuntimeError(f"publish: {reply.status}")
 
 
-async def throughput(kind: str, sessions: dict[str, Any], feed: str, requests: int) -> float:
+async def throughput(
+    kind: str, sessions: dict[str, Any], feed: str, requests: int
+) -> tuple[float, float]:
+    """Messages a second, and this process's CPU-µs a message."""
     session = sessions[kind]
     publish = {"library": _publish_library, "httpx2": _publish_httpx, "aiohttp": _publish_aiohttp}
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(publish[kind](session, feed, requests) for _ in range(PUBLISHERS)))
-    return PUBLISHERS * requests * BATCH / (time.perf_counter() - started)
+    messages = PUBLISHERS * requests * BATCH
+    elapsed, spent = time.perf_counter() - started, time.process_time() - cpu
+    return messages / elapsed, spent / messages * 1e6
 
 
 # ---------------------------------------------------------------- latency
@@ -101,6 +106,7 @@ class Clock:
         self.sent: dict[str, float] = {}
         self.samples: list[float] = []
         self.got = asyncio.Event()
+        self.cpu_us = 0.0  # this process's CPU a message (reader and publisher)
 
     def received(self, text: str) -> None:
         self.samples.append((time.perf_counter() - self.sent.pop(text)) * 1000)
@@ -146,11 +152,12 @@ async def _read_aiohttp(http: aiohttp.ClientSession, pipe: str, count: int, cloc
 
 async def latency(
     kind: str, sessions: dict[str, Any], publisher: httpx2.AsyncClient, default: str, count: int
-) -> list[float]:
+) -> Clock:
     async with AsyncClient(sessions["base"]) as setup:
         pipe = await setup.create_pipe(title=f"latency {kind}")
     reader = {"library": _read_library, "httpx2": _read_httpx, "aiohttp": _read_aiohttp}[kind]
     clock = Clock()
+    cpu = time.process_time()
     reading = asyncio.create_task(reader(sessions[kind], pipe.href, count, clock))
     headers = {"Content-Type": JSON}
     for i in range(count):
@@ -162,9 +169,10 @@ async def latency(
         await publisher.post(default, content=json.dumps(body).encode(), headers=headers)
         await asyncio.wait_for(clock.got.wait(), 30)
     await asyncio.wait_for(reading, 30)
+    clock.cpu_us = (time.process_time() - cpu) / count * 1e6
     async with AsyncClient(sessions["base"]) as setup:
         await setup.delete(pipe)
-    return clock.samples
+    return clock
 
 
 # ---------------------------------------------------------------- run
@@ -172,7 +180,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = Server("gateway", name="client").wait_ready()
     kinds = ("library", "httpx2", "aiohttp")
     figures: dict[str, dict[str, list[float]]] = {
-        k: {"msgs_per_s": [], "p50_ms": [], "p90_ms": []} for k in kinds
+        k: {"msgs_per_s": [], "publish_cpu_us": [], "p50_ms": [], "p90_ms": [], "read_cpu_us": []}
+        for k in kinds
     }
     try:
         async with (
@@ -195,11 +204,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for number in range(args.rounds):
                 order = kinds if number % 2 == 0 else tuple(reversed(kinds))
                 for kind in order:
-                    rate = await throughput(kind, sessions, feed.href, args.requests)
-                    samples = await latency(kind, sessions, publisher, default, args.messages)
+                    rate, cpu = await throughput(kind, sessions, feed.href, args.requests)
+                    clock = await latency(kind, sessions, publisher, default, args.messages)
                     figures[kind]["msgs_per_s"].append(rate)
-                    figures[kind]["p50_ms"].append(statistics.median(samples))
-                    figures[kind]["p90_ms"].append(percentile(samples, 90) or 0.0)
+                    figures[kind]["publish_cpu_us"].append(cpu)
+                    figures[kind]["p50_ms"].append(statistics.median(clock.samples))
+                    figures[kind]["p90_ms"].append(percentile(clock.samples, 90) or 0.0)
+                    figures[kind]["read_cpu_us"].append(clock.cpu_us)
                     log(
                         f"round {number + 1} {kind}: {rate:,.0f} msg/s, "
                         f"p50 {figures[kind]['p50_ms'][-1]:.3f} ms"
