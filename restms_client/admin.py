@@ -16,6 +16,7 @@ from . import codec
 from .errors import ProtocolError
 from .ops import USER_AGENT, Core
 from .steps import Call, Op, Reply, new_id, send
+from .values import Pipe
 
 JSON = "application/json"
 
@@ -101,8 +102,9 @@ def create_pipe(
     title: str | None = None,
     domain: str = "default",
     **settings: object,
-) -> Op[str]:
-    """Provision a pipe for principal ``owner``; its URI (give it to the owner)."""
+) -> Op[Pipe]:
+    """Provision a pipe for principal ``owner``; give its ``href`` (or ``name``) to
+    the owner, whose pipe it is."""
     query = urllib.parse.urlencode({"owner": owner, "domain": domain})
     tree = codec.pipe_tree(type=type, title=title, settings=settings)
     body = codec.encode(tree, codec.JSON)
@@ -111,7 +113,8 @@ def create_pipe(
     location = reply.headers.get("location")
     if not location:
         raise ProtocolError("the gateway gave no Location for the pipe")
-    return location
+    document = codec.decode(reply.content, reply.headers.get("content-type", codec.JSON))
+    return codec.read_pipe(document, location)
 
 
 def clients(core: Core, /) -> Op[list[dict[str, Any]]]:

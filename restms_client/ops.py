@@ -9,6 +9,7 @@ message URIs (``{pipe}.{n}``, docs/PROTOCOL.md §1).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from . import codec
 from .codec import Tree
-from .errors import GapError, NotFound, ProtocolError
+from .errors import GapError, ProtocolError
 from .steps import Call, Emit, Op, Received, Reply, Retry, new_id, send
 from .values import Content, Domain, Feed, Gap, Join, Message, Pipe, Published
 
@@ -90,10 +91,6 @@ def domain_href(core: Core, name: str) -> str:
 # ---------------------------------------------------------------- resources
 def domain(core: Core, /, name: str = "default") -> Op[Domain]:
     """The domain ``name``: its profiles and public feeds."""
-    return (yield from _domain(core, name))
-
-
-def _domain(core: Core, name: str) -> Op[Domain]:
     href = domain_href(core, name)
     reply = yield from send(core.call("GET", href), core.retry)
     return codec.read_domain(_tree(reply), href)
@@ -113,18 +110,16 @@ def create_feed(
     is returned as it is (RestMS makes that create idempotent)."""
     tree = codec.feed_tree(name=name, type=type, title=title, license=license)
     reply = yield from send(core.call("POST", domain_href(core, domain), tree), core.retry)
-    return codec.read_feed(_tree(reply), _location(reply))
+    made = codec.read_feed(_tree(reply), _location(reply))
+    return dataclasses.replace(made, created=reply.status_code == 201)
 
 
-def feed(core: Core, /, name: str, *, domain: str = "default") -> Op[Feed]:
-    """The public feed ``name``, found in its domain's listing."""
-    listing = yield from _domain(core, domain)
-    try:
-        listed = listing.feed(name)
-    except KeyError:
-        raise NotFound(404, f"no public feed {name!r}", url=listing.href) from None
-    reply = yield from send(core.call("GET", listed.href), core.retry)
-    return codec.read_feed(_tree(reply), listed.href)
+def feed(core: Core, /, name: str) -> Op[Feed]:
+    """The public feed ``name`` (at ``/restms/feed/{name}``: public feed names are
+    unique across the gateway's domains, docs/PROTOCOL.md §1)."""
+    href = f"{core.url}/restms/feed/{urllib.parse.quote(name, safe='')}"
+    reply = yield from send(core.call("GET", href), core.retry)
+    return codec.read_feed(_tree(reply), href)
 
 
 def create_pipe(
@@ -168,7 +163,8 @@ def join(
     if type is None:
         del tree["join"][0]["type"]
     reply = yield from send(core.call("POST", href_of(pipe), tree), core.retry)
-    return codec.read_join(_tree(reply), _location(reply))
+    made = codec.read_join(_tree(reply), _location(reply))
+    return dataclasses.replace(made, created=reply.status_code == 201)
 
 
 def delete(core: Core, /, resource: Resource) -> Op[None]:

@@ -130,6 +130,9 @@ class Feed:
     name: str | None = None
     title: str | None = None
     license: str | None = None
+    # True when the request that returned it made it (201), False when it was there
+    # already (200); None when it was fetched. Not part of the feed's identity.
+    created: bool | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -141,6 +144,7 @@ class Join:
     address: str = ""
     type: str = ""
     headers: Mapping[str, str] = field(default_factory=dict)
+    created: bool | None = field(default=None, compare=False)  # as Feed.created
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "headers", frozen_map(self.headers))

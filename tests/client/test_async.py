@@ -14,7 +14,7 @@ from restms_client import AsyncClient, Message, Retry
 from tests.client.conftest import MakeProcess, unique
 from tests.client.gateway import GatewayProcess
 
-PATIENT = Retry(attempts=60, backoff=0.05, max_backoff=0.5)
+PATIENT = Retry(attempts=300, backoff=0.05, max_backoff=0.5)
 
 
 async def test_async_round_trip(gateway: GatewayProcess, blockbuster: BlockBuster) -> None:
@@ -56,6 +56,7 @@ async def test_every_transport_reads_in_order_and_auto_acks(
         assert [m.position for m in (await client.pipe(pipe)).messages] == [3, 4]
 
 
+@pytest.mark.timeout(300)
 async def test_a_consumer_and_a_publisher_through_a_restart(
     make_process: MakeProcess, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -103,7 +103,8 @@ def test_the_admin_sub_client(make_process: MakeProcess) -> None:
         assert "worker" in {c["client_id"] for c in client.admin.clients()}
         assert client.admin.revoke_client("worker")["revoked"] == "worker"
         provisioned = client.admin.create_pipe("someone", title="for someone")
-        assert provisioned.startswith(gateway.url + "/restms/resource/")
+        assert provisioned.href == f"{gateway.url}/restms/resource/{provisioned.name}"
+        assert provisioned.title == "for someone"
         assert client.admin.purge_pipe(pipe.name)["purged"] == 0
         assert client.admin.delete_pipe(pipe.name)["deleted"] == pipe.name
         assert "counters" in client.admin.stats()

@@ -38,8 +38,9 @@ def test_resources_round_trip(gateway: GatewayProcess, wire: str) -> None:
 
         name = unique("orders")
         feed = client.create_feed(name, "topic", title="Orders")
-        assert (feed.name, feed.type, feed.title) == (name, "topic", "Orders")
-        assert client.create_feed(name, "topic").href == feed.href  # idempotent
+        assert (feed.name, feed.type, feed.title, feed.created) == (name, "topic", "Orders", True)
+        again = client.create_feed(name, "topic")  # idempotent
+        assert (again.href, again.created) == (feed.href, False)
         assert client.feed(name) == feed
 
         pipe = client.create_pipe(title="work", lease=60, max_messages=100)
@@ -47,7 +48,8 @@ def test_resources_round_trip(gateway: GatewayProcess, wire: str) -> None:
         assert pipe.settings["max_messages"] == "100"
         assert pipe.asynclet == pipe.href + ".1"
         join = client.join(pipe, feed, "orders.#")
-        assert (join.feed, join.address) == (feed.href, "orders.#")
+        assert (join.feed, join.address, join.created) == (feed.href, "orders.#", True)
+        assert client.join(pipe, feed, "orders.#").created is False
         assert join in client.pipe(pipe).joins
 
         client.delete(join)

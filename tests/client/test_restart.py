@@ -14,8 +14,12 @@ from restms_client import Client, Message, Retry, ServiceUnavailable
 from tests.client.conftest import MakeProcess
 from tests.client.gateway import GatewayProcess
 
-# Patient enough to outlast a restart (a gateway process starts in 1 to 3 s here).
-PATIENT = Retry(attempts=60, backoff=0.05, max_backoff=0.5)
+# Two restarts and a drain take seconds each, many more on a loaded machine.
+pytestmark = pytest.mark.timeout(300)
+
+# Patient enough to outlast a restart: a gateway process starts in 1 to 3 s on an idle
+# machine, and much longer on a loaded one (up to 300 retries, about 2 minutes).
+PATIENT = Retry(attempts=300, backoff=0.05, max_backoff=0.5)
 
 
 def restart(gateway: GatewayProcess) -> None:
