@@ -131,9 +131,10 @@ def _failure(call: Call, exc: Exception) -> RestMSError | None:
     """The library's error for an exception of the HTTP or OAuth layer, if it is one."""
     if isinstance(exc, httpx2.TransportError):
         return TransportError(f"{call.method} {call.url}: {type(exc).__name__}: {exc}")
-    if type(exc).__name__ in _OAUTH_ERRORS:
+    if type(exc).__name__ in _OAUTH_ERRORS:  # authlib's: error and description (RFC 6749)
+        error = getattr(exc, "error", None) or type(exc).__name__
         description = getattr(exc, "description", None) or str(exc)
-        return Unauthorized(401, f"token request refused: {description}", url=call.url)
+        return Unauthorized(401, f"token request refused: {error}: {description}", url=call.url)
     return None
 
 
