@@ -21,29 +21,37 @@ logged: error messages name the URL and the gateway's reason only.
 Exit codes: 0 done; 1 the gateway refused (its ``text/plain`` reason on stderr);
 2 a usage or input error; 3 the gateway could not be reached (or answered garbage).
 
-This module runs in the CLI's process, never in the gateway: plain blocking
-``urllib`` is right here, and no request is sent anywhere but ``--url``.
+This module runs in the CLI's process, never in the gateway: it is a user of the
+project's client library, :mod:`restms_client`, synchronous and without retries (a
+verb is one attempt: its exit code says what happened). No request is sent anywhere
+but ``--url``: pipes and joins given by URI are reached at their path on ``--url``,
+and tokens come from ``--url``'s own ``/oauth/token``.
 """
 
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import ssl
 import sys
 import tomllib
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from restms_client import (
+    Bearer,
+    Client,
+    ClientCredentials,
+    ProtocolError,
+    Retry,
+    StatusError,
+    TransportError,
+)
+
 DEFAULT_URL = "http://127.0.0.1:8080"
-RESTMS_JSON = "application/restms+json"
-MAX_REPLY = 16 * 1024 * 1024  # bytes of a reply read at most
 MAX_FILE = 1024 * 1024  # bytes of a bridge definition file
 
 VERBS = ("feeds", "pipes", "joins", "bridges", "clients", "stats")
@@ -69,141 +77,27 @@ def unreachable(message: str) -> Failure:
     return Failure(message, 3)
 
 
-# ---------------------------------------------------------------- HTTP
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    """A redirect is an error here: the token must go to ``--url`` and nowhere else."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
+# ---------------------------------------------------------------- the gateway
 @dataclass
 class Api:
-    """One gateway, reached at ``base`` with a bearer token (got once, when first needed)."""
+    """One gateway: the library's client for it, and its base URL (``--url``)."""
 
+    client: Client
     base: str
-    timeout: float
-    token: str | None = field(default=None, repr=False)
-    client: tuple[str, str] | None = field(default=None, repr=False)
-    context: ssl.SSLContext | None = None
 
-    def __post_init__(self) -> None:
-        parts = urllib.parse.urlsplit(self.base)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
-            raise usage(f"--url {self.base!r} must be an http:// or https:// URL")
-        self.base = self.base.rstrip("/")
-        handlers: list[urllib.request.BaseHandler] = [_NoRedirects()]
-        if self.context is not None:
-            handlers.append(urllib.request.HTTPSHandler(context=self.context))
-        self._opener = urllib.request.build_opener(*handlers)
-
-    def send(
-        self,
-        method: str,
-        path: str,
-        body: bytes | None = None,
-        headers: Mapping[str, str] | None = None,
-        *,
-        auth: bool = True,
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        """(status, headers, body) of one request; 4xx and 5xx are :class:`Failure`."""
-        sent = dict(headers or {})
-        if auth:
-            token = self.bearer()
-            if token:
-                sent["Authorization"] = f"Bearer {token}"
-        url = self.base + path
-        # S310: the scheme is http or https, checked when the Api was made
-        request = urllib.request.Request(url, data=body, headers=sent, method=method)  # noqa: S310
-        try:
-            with self._opener.open(request, timeout=self.timeout) as reply:
-                return reply.status, reply.headers, reply.read(MAX_REPLY)
-        except urllib.error.HTTPError as exc:
-            reason = exc.read(4096).decode("utf-8", "replace").strip() or exc.reason
-            if 300 <= exc.code < 400:
-                reason = f"redirected to {exc.headers.get('Location', '?')}; not followed"
-            raise refused(f"{method} {url}: {exc.code} {reason}") from None
-        except (urllib.error.URLError, OSError, ValueError) as exc:
-            why = getattr(exc, "reason", exc)
-            raise unreachable(f"{method} {url}: {why}") from None
-
-    def json(self, method: str, path: str, document: object = None) -> Any:
-        """A JSON admin request and its parsed reply."""
-        body = None if document is None else json.dumps(document).encode()
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = "application/json"
-        return self._parse(method, path, self.send(method, path, body, headers)[2])
-
-    def restms(self, method: str, path: str, document: object = None) -> tuple[int, Any]:
-        """A RestMS request with a JSON document: (status, parsed reply or None)."""
-        status, _, reply = self.restms_reply(method, path, document)
-        return status, reply
-
-    def restms_reply(
-        self, method: str, path: str, document: object = None
-    ) -> tuple[int, Mapping[str, str], Any]:
-        """:meth:`restms` with the reply's headers."""
-        body = None if document is None else json.dumps({"restms": document}).encode()
-        headers = {"Accept": RESTMS_JSON}
-        if body is not None:
-            headers["Content-Type"] = RESTMS_JSON
-        status, got, data = self.send(method, path, body, headers)
-        return status, got, self._parse(method, path, data) if data.strip() else None
-
-    def _parse(self, method: str, path: str, data: bytes) -> Any:
-        try:
-            return json.loads(data)
-        except ValueError:
-            raise unreachable(f"{method} {self.base}{path}: the reply is not JSON") from None
-
-    def bearer(self) -> str | None:
-        if self.token is None and self.client is not None:
-            self.token = self._fetch_token(*self.client)
-        return self.token
-
-    def _fetch_token(self, client_id: str, secret: str) -> str:
-        """A client-credentials token from the gateway's built-in issuer (RFC 6749 4.4)."""
-        quoted = ":".join(urllib.parse.quote(part, safe="") for part in (client_id, secret))
-        headers = {
-            "Authorization": "Basic " + base64.b64encode(quoted.encode()).decode(),
-            "Content-Type": "application/x-www-form-urlencoded",
-        }
-        form = b"grant_type=client_credentials"
-        try:
-            _, _, data = self.send("POST", "/oauth/token", form, headers, auth=False)
-        except Failure as exc:  # a refusal's reason is RFC 6749 JSON: show its description
-            reason = _oauth_reason(exc) if exc.code == 1 else str(exc)
-            raise Failure(f"no token for client {client_id!r}: {reason}", exc.code) from None
-        token = self._parse("POST", "/oauth/token", data).get("access_token")
-        if not isinstance(token, str):
-            raise unreachable("the token endpoint answered without an access_token")
-        return token
-
-
-def _oauth_reason(exc: Failure) -> str:
-    text = str(exc)
-    start = text.find("{")
-    try:
-        reply = json.loads(text[start:]) if start >= 0 else None
-    except ValueError:
-        reply = None
-    if isinstance(reply, dict):
-        return f"{reply.get('error')}: {reply.get('error_description', '')}"
-    return text
+    def resource(self, reference: str) -> str:
+        """A pipe's or join's URI on ``--url``, from its hash, path or URI."""
+        return f"{self.base}/restms/resource/{urllib.parse.quote(_leaf(reference), safe='')}"
 
 
 def _leaf(reference: str) -> str:
     """A pipe or join hash from a hash, a path or an absolute URI (only its path is
     used: requests go to ``--url`` whatever host a URI names)."""
     leaf = urllib.parse.urlsplit(reference).path.rstrip("/").rsplit("/", 1)[-1]
+    leaf = urllib.parse.unquote(leaf)
     if not leaf or leaf in (".", ".."):
         raise usage(f"{reference!r} names no resource")
-    return urllib.parse.quote(leaf, safe="")
-
-
-def _name(text: str) -> str:
-    return urllib.parse.quote(text, safe="")
+    return leaf
 
 
 # ---------------------------------------------------------------- output
@@ -256,42 +150,22 @@ class Out:
 
 # ---------------------------------------------------------------- feeds
 def _feeds(api: Api, args: argparse.Namespace) -> Out:
+    client = api.client
     if args.action == "delete":
-        path = f"/restms/feed/{_name(args.name)}"
-        api.restms("GET", path)  # DELETE of what is not there is 200 (R4): say so instead
-        api.restms("DELETE", path)
+        feed = client.feed(args.name)  # DELETE of what is not there is 200 (R4): say so instead
+        client.delete(feed)
         return Out({"deleted": args.name}, f"deleted feed {args.name}")
-    domain = f"/restms/domain/{_name(args.domain)}"
     if args.action == "list":
-        _, reply = api.restms("GET", domain)
-        found = _children(reply, "domain")
-        items = _children(found[0] if found else {}, "feed")
+        listed = client.domain(args.domain).feeds
         feeds = [
-            {"name": f.get("name"), "type": f.get("type", ""), "title": f.get("title", "")}
-            | {"uri": f.get("href")}
-            for f in items
+            {"name": f.name, "type": f.type, "title": f.title or "", "uri": f.href} for f in listed
         ]
         rows = [(f["name"], f["type"] or "(default)", f["title"]) for f in feeds]
         return Out(feeds, table(rows, ("name", "type", "title")))
-    spec = {"name": args.name, "type": args.type}
-    if args.title:
-        spec["title"] = args.title
-    status, reply = api.restms("POST", domain, {"feed": [spec]})
-    feed = _children(reply, "feed")[0] if reply else spec
-    made = {"name": args.name, "type": feed.get("type", ""), "created": status == 201}
-    verb = "created" if status == 201 else "exists already:"
+    feed = client.create_feed(args.name, args.type, title=args.title or None, domain=args.domain)
+    made = {"name": args.name, "type": feed.type, "created": bool(feed.created)}
+    verb = "created" if feed.created else "exists already:"
     return Out(made, f"{verb} feed {args.name} (type {made['type'] or '(default)'})")
-
-
-def _children(document: Any, kind: str) -> list[dict[str, Any]]:
-    """The ``kind`` elements of a RestMS JSON document (J1: always an array)."""
-    if not isinstance(document, dict):
-        return []
-    root = document.get("restms", document)
-    items = root.get(kind) if isinstance(root, dict) else None
-    if isinstance(items, dict):
-        items = [items]
-    return [i for i in items or [] if isinstance(i, dict)]
 
 
 # ---------------------------------------------------------------- pipes
@@ -299,27 +173,28 @@ PIPE_COLUMNS = ("type", "domain", "owner", "messages", "joins", "waiting", "titl
 
 
 def _pipes(api: Api, args: argparse.Namespace) -> Out:
+    admin = api.client.admin
     if args.action == "list":
-        reply = api.json("GET", "/admin/pipes")
-        pipes = reply.get("pipes", [])
+        reply = {"pipes": admin.pipes()}
+        pipes = reply["pipes"]
         named = any("name" in p for p in pipes)
         first = "name" if named else "digest"
         rows = [[p.get(first), *(p.get(c) for c in PIPE_COLUMNS)] for p in pipes]
         return Out(reply, table(rows, (first, *PIPE_COLUMNS)))
     if args.action == "create":
         return _provision(api, args)
-    path = f"/admin/pipes/{_leaf(args.pipe)}"
+    name = _leaf(args.pipe)
     if args.action == "purge":
-        reply = api.json("DELETE", path + "/messages")
+        reply = admin.purge_pipe(name)
         return Out(reply, f"purged {reply.get('purged')} messages from pipe {args.pipe}")
     if args.action == "delete":
-        reply = api.json("DELETE", path)
+        reply = admin.delete_pipe(name)
         text = (
             f"deleted pipe {reply.get('deleted')} of {reply.get('owner')}: "
             f"{reply.get('messages')} messages, {reply.get('joins')} joins"
         )
         return Out(reply, text)
-    reply = api.json("GET", path)
+    reply = admin.inspect_pipe(name)
     joined = reply.get("joined") or []
     links = [(j.get("feed"), j.get("type"), j.get("address"), j.get("default")) for j in joined]
     text = fields(reply)
@@ -329,64 +204,52 @@ def _pipes(api: Api, args: argparse.Namespace) -> Out:
 
 
 def _provision(api: Api, args: argparse.Namespace) -> Out:
-    """A pipe for ``--owner``: a RestMS pipe document, posted to /admin/pipes."""
-    spec = {"type": args.type}
-    if args.title:
-        spec["title"] = args.title
-    query = urllib.parse.urlencode({"owner": args.owner, "domain": args.domain})
-    _, headers, reply = api.restms_reply("POST", f"/admin/pipes?{query}", {"pipe": [spec]})
-    found = _children(reply, "pipe")
-    pipe = found[0] if found else {}
+    """A pipe for ``--owner``, provisioned through /admin/pipes."""
+    pipe = api.client.admin.create_pipe(
+        args.owner, type=args.type, title=args.title or None, domain=args.domain
+    )
     made = {
-        "name": pipe.get("name"),
-        "uri": headers.get("Location"),
+        "name": pipe.name,
+        "uri": pipe.href,
         "owner": args.owner,
         "domain": args.domain,
-        "type": pipe.get("type") or "fifo",
-        "title": pipe.get("title", ""),
+        "type": pipe.type or "fifo",
+        "title": pipe.title or "",
     }
     return Out(made, f"created pipe {made['name']} for {args.owner} (type {made['type']})")
 
 
 # ---------------------------------------------------------------- joins
 def _joins(api: Api, args: argparse.Namespace) -> Out:
+    client = api.client
     if args.action == "delete":
-        api.restms("DELETE", f"/restms/resource/{_leaf(args.join)}")
+        client.delete(api.resource(args.join))
         return Out({"deleted": args.join}, f"deleted join {args.join}")
-    pipe = f"/restms/resource/{_leaf(args.pipe)}"
+    pipe = api.resource(args.pipe)
     if args.action == "add":
-        spec = {"feed": f"{api.base}/restms/feed/{_name(args.feed)}", "address": args.address}
-        if args.type:
-            spec["type"] = args.type
-        status, headers, reply = api.restms_reply("POST", pipe, {"join": [spec]})
-        found = _children(reply, "join")
-        join = found[0] if found else {}
+        # the feed by its URI on --url: an unknown one is the gateway's 400, as a join says
+        feed = f"{api.base}/restms/feed/{urllib.parse.quote(args.feed, safe='')}"
+        join = client.join(pipe, feed, args.address, type=args.type or None)
         made = {
-            "uri": headers.get("Location"),
+            "uri": join.href,
             "feed": args.feed,
-            "type": join.get("type", ""),
-            "address": join.get("address", args.address),
-            "created": status == 201,
+            "type": join.type,
+            "address": join.address or args.address,
+            "created": bool(join.created),
         }
-        verb = "created" if status == 201 else "exists already:"
+        verb = "created" if join.created else "exists already:"
         return Out(made, f"{verb} join {made['uri']}")
-    joins = _join_list(api, pipe)
+    joins = [
+        {
+            "uri": j.href,
+            "feed": urllib.parse.unquote(j.feed.rsplit("/", 1)[-1]),
+            "type": j.type,
+            "address": j.address,
+        }
+        for j in client.pipe(pipe).joins
+    ]
     rows = [(j["uri"], j["feed"], j["type"], j["address"]) for j in joins]
     return Out(joins, table(rows, ("join", "feed", "type", "address")))
-
-
-def _join_list(api: Api, pipe: str) -> list[dict[str, Any]]:
-    _, reply = api.restms("GET", pipe)
-    found = _children(reply, "pipe")
-    return [
-        {
-            "uri": j.get("href"),
-            "feed": urllib.parse.unquote(str(j.get("feed", "")).rsplit("/", 1)[-1]),
-            "type": j.get("type", ""),
-            "address": j.get("address", ""),
-        }
-        for j in _children(found[0] if found else {}, "join")
-    ]
 
 
 # ---------------------------------------------------------------- bridges
@@ -394,26 +257,26 @@ BRIDGE_COLUMNS = ("name", "kind", "direction", "state", "backlog", "last_error")
 
 
 def _bridges(api: Api, args: argparse.Namespace) -> Out:
+    admin = api.client.admin
     if args.action == "list":
-        reply = api.json("GET", "/admin/bridges")
+        reply = {"bridges": admin.bridges()}
         rows = [
             [b.get(c) for c in BRIDGE_COLUMNS[:3]]
             + [(b.get("definition") or {}).get("feed")]
             + [b.get(c) for c in BRIDGE_COLUMNS[3:]]
-            for b in reply.get("bridges", [])
+            for b in reply["bridges"]
         ]
         header = (*BRIDGE_COLUMNS[:3], "feed", *BRIDGE_COLUMNS[3:])
         return Out(reply, table(rows, header))
     if args.action == "add":
-        reply = api.json("POST", "/admin/bridges", _definition(args.file))
-        return Out(reply, f"bridge {reply.get('name')}: {reply.get('state')}")
-    path = f"/admin/bridges/{_name(args.name)}"
+        made = admin.add_bridge(_definition(args.file))
+        return Out(made, f"bridge {made.get('name')}: {made.get('state')}")
     if args.action == "delete":
-        reply = api.json("DELETE", path + ("?discard=true" if args.discard else ""))
-        dropped = reply.get("discarded", 0)
-        return Out(reply, f"deleted bridge {args.name}; {dropped} waiting messages discarded")
-    reply = api.json("GET", path)
-    return Out(reply, fields(reply))
+        gone = admin.delete_bridge(args.name, discard=args.discard)
+        dropped = gone.get("discarded", 0)
+        return Out(gone, f"deleted bridge {args.name}; {dropped} waiting messages discarded")
+    status = admin.bridge(args.name)
+    return Out(status, fields(status))
 
 
 def _definition(path: str) -> dict[str, Any]:
@@ -447,27 +310,26 @@ def _definition(path: str) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- clients, stats
 def _clients(api: Api, args: argparse.Namespace) -> Out:
+    admin = api.client.admin
     if args.action == "list":
-        reply = api.json("GET", "/admin/clients")
+        reply = {"clients": admin.clients()}
         rows = [
-            (c.get("client_id"), c.get("configured"), c.get("scopes"))
-            for c in reply.get("clients", [])
+            (c.get("client_id"), c.get("configured"), c.get("scopes")) for c in reply["clients"]
         ]
         return Out(reply, table(rows, ("client_id", "configured", "scopes")))
     if args.action == "add":
-        scopes = args.scopes.split()
-        reply = api.json("POST", "/admin/clients", {"client_id": args.id, "scopes": scopes})
+        made = admin.add_client(args.id, args.scopes.split())
         text = (
-            f"client_id: {reply.get('client_id')}\nclient_secret: {reply.get('client_secret')}\n"
+            f"client_id: {made.get('client_id')}\nclient_secret: {made.get('client_secret')}\n"
             "Keep the secret now: only its hash is stored, it cannot be shown again."
         )
-        return Out(reply, text)
-    reply = api.json("DELETE", f"/admin/clients/{_name(args.id)}")
-    return Out(reply, f"revoked client {args.id}: removed, and its tokens are refused")
+        return Out(made, text)
+    revoked = admin.revoke_client(args.id)
+    return Out(revoked, f"revoked client {args.id}: removed, and its tokens are refused")
 
 
 def _stats(api: Api, args: argparse.Namespace) -> Out:
-    reply = api.json("GET", "/admin/stats")
+    reply = api.client.admin.stats()
     return Out(reply, fields(reply))
 
 
@@ -566,20 +428,45 @@ def _api(args: argparse.Namespace) -> Api:
         raise usage("--client-id needs --client-secret (or $RESTMS_CLIENT_SECRET)")
     if args.timeout <= 0:
         raise usage("--timeout must be positive")
-    context = None
+    parts = urllib.parse.urlsplit(args.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise usage(f"--url {args.url!r} must be an http:// or https:// URL")
+    base = args.url.rstrip("/")
+    verify: ssl.SSLContext | bool = True
     if args.cacert:
         try:
-            context = ssl.create_default_context(cafile=args.cacert)
+            verify = ssl.create_default_context(cafile=args.cacert)
         except (OSError, ssl.SSLError) as exc:
             raise usage(f"cannot read {args.cacert}: {exc}") from None
-    client = (client_id, secret) if client_id and secret else None
-    return Api(args.url, args.timeout, token, client, context)
+    auth: Bearer | ClientCredentials | None = None
+    if token:
+        auth = Bearer(token)
+    elif client_id and secret:
+        # the token endpoint of --url itself, not one its metadata might name elsewhere
+        auth = ClientCredentials(
+            client_id=client_id, client_secret=secret, token_url=f"{base}/oauth/token"
+        )
+    client = Client(base, auth=auth, retry=Retry(attempts=0), timeout=args.timeout, verify=verify)
+    return Api(client, base)
+
+
+def _failure(exc: StatusError | TransportError | ProtocolError) -> Failure:
+    """The exit code and message of the library's error (never a token or secret)."""
+    if isinstance(exc, StatusError):
+        return refused(f"{exc.url}: {exc.status} {exc.reason}")
+    return unreachable(str(exc))
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one online verb; print its result or the reason it failed."""
     try:
-        out = HANDLERS[args.verb](_api(args), args)
+        api = _api(args)
+        try:
+            out = HANDLERS[args.verb](api, args)
+        except (StatusError, TransportError, ProtocolError) as exc:
+            raise _failure(exc) from None
+        finally:
+            api.client.close()
     except Failure as exc:
         print(f"main.py: {exc}", file=sys.stderr)
         return exc.code
