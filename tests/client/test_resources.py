@@ -214,3 +214,24 @@ def test_a_wait_on_the_asynclet_ends_with_the_next_message(gateway: GatewayProce
         finally:
             later.join()
         assert time.monotonic() - started >= 0.25
+
+
+@pytest.mark.parametrize("transport", ["sse", "websocket"])
+def test_a_push_reader_is_told_of_a_gap_by_the_gateway(
+    gateway: GatewayProcess, transport: str
+) -> None:
+    with Client(gateway.url) as client:
+        pipe = client.create_pipe(max_messages=2, overflow="drop-oldest")
+        default = client.domain().feed("default")
+        # 1-3 are dropped unread to make room for 4 and 5
+        client.publish(default, [Message.of(str(i), address=pipe.name) for i in range(1, 6)])
+        gaps: list[Gap] = []
+        got = []
+        for message in client.messages(pipe, transport=transport, on_gap=gaps.append):
+            got.append(message.text)
+            if len(got) == 2:
+                break
+        assert gaps == [Gap(first=1, last=3, earliest=4)]
+        assert got == ["4", "5"]
+        with pytest.raises(GapError):  # without on_gap
+            next(iter(client.messages(pipe, transport=transport)))
