@@ -18,7 +18,7 @@ from restms_client import (
     NotFound,
     Retry,
 )
-from tests.client.conftest import unique
+from tests.client.conftest import MakeProcess, unique
 from tests.client.gateway import GatewayProcess
 
 
@@ -235,3 +235,22 @@ def test_a_push_reader_is_told_of_a_gap_by_the_gateway(
         assert got == ["4", "5"]
         with pytest.raises(GapError):  # without on_gap
             next(iter(client.messages(pipe, transport=transport)))
+
+
+def test_websocket_reader_acknowledged_by_delete_moves_its_window(
+    make_process: MakeProcess,
+) -> None:
+    # With a window of 2, the socket sends a third message only once the first two
+    # are acknowledged: ack() (a DELETE of the message's href) must count for it.
+    gateway = make_process({"RESTMS_WEBSOCKET_WINDOW": "2"})
+    with Client(gateway.url) as client:
+        pipe = client.create_pipe()
+        default = client.domain().feed("default")
+        client.publish(default, [Message.of(str(i), address=pipe.name) for i in range(6)])
+        got = []
+        for message in client.messages(pipe, transport="websocket"):
+            got.append(message.text)
+            message.ack()
+            if len(got) == 6:
+                break
+        assert got == [str(i) for i in range(6)]
