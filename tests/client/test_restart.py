@@ -144,3 +144,27 @@ def test_a_publish_refused_with_503_is_retried_when_there_is_room(
             if len(got) == 3:
                 break
         assert got == ["1", "2", "3"]
+
+
+@pytest.mark.parametrize("transport", ["sse", "websocket"])
+def test_a_push_reader_resumes_after_a_restart(make_process: MakeProcess, transport: str) -> None:
+    gateway = make_process()
+    with Client(gateway.url, retry=PATIENT) as client:
+        feed = client.create_feed("events", "fanout")
+        pipe = client.create_pipe(title="pushed")
+        client.join(pipe, feed)
+        early = [f"early-{i}" for i in range(10)]
+        late = [f"late-{i}" for i in range(5)]
+        client.publish(feed, [Message.of(i) for i in early], persistent=True)
+        processed: list[str] = []
+        for message in client.messages(pipe, transport=transport):
+            processed.append(message.text)
+            message.ack()
+            if len(processed) == 5:
+                restart(gateway)  # the stream or socket ends; the reader opens it again
+                with Client(gateway.url, retry=PATIENT) as publisher:
+                    publisher.publish(feed, [Message.of(i) for i in late], persistent=True)
+            if len(processed) == len(early) + len(late):
+                break
+        assert processed == early + late
+        assert client.pipe(pipe).messages == ()
