@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from restms_client import Client, Message, Retry, ServiceUnavailable
+from restms_client import Client, Feed, Message, Pipe, Retry, ServiceUnavailable
 from tests.client.conftest import MakeProcess
 from tests.client.gateway import GatewayProcess
 
@@ -20,6 +20,18 @@ pytestmark = pytest.mark.timeout(300)
 # Patient enough to outlast a restart: a gateway process starts in 1 to 3 s on an idle
 # machine, and much longer on a loaded one (up to 300 retries, about 2 minutes).
 PATIENT = Retry(attempts=300, backoff=0.05, max_backoff=0.5)
+
+
+def fanout(client: Client, name: str, **pipe: object) -> tuple[Feed, Pipe]:
+    """A fanout feed and a pipe joined to it."""
+    feed = client.create_feed(name, "fanout")
+    made = client.create_pipe(title=name, **pipe)
+    client.join(made, feed)
+    return feed, made
+
+
+def persistent_batches(early: int, late: int) -> tuple[list[str], list[str]]:
+    return [f"early-{i}" for i in range(early)], [f"late-{i}" for i in range(late)]
 
 
 def restart(gateway: GatewayProcess) -> None:
@@ -33,11 +45,8 @@ def test_a_consumer_survives_restarts_without_loss_or_repeats(
     gateway = make_process()
     caplog.set_level(logging.INFO, logger="restms_client")
     with Client(gateway.url, retry=PATIENT) as client:
-        feed = client.create_feed("jobs", "fanout")
-        pipe = client.create_pipe(title="worker")
-        client.join(pipe, feed)
-        early = [f"early-{i}" for i in range(20)]
-        late = [f"late-{i}" for i in range(10)]
+        feed, pipe = fanout(client, "jobs")
+        early, late = persistent_batches(20, 10)
         client.publish(feed, [Message.of(i, message_id=i) for i in early], persistent=True)
 
         processed: list[str] = []
@@ -74,9 +83,7 @@ def test_a_publisher_retries_through_a_restart_without_duplicates(
     caplog.set_level(logging.INFO, logger="restms_client")
     ids = [f"m-{i}" for i in range(60)]
     with Client(gateway.url, retry=PATIENT) as client:
-        feed = client.create_feed("audit", "fanout")
-        pipe = client.create_pipe(title="audit", durable=True)
-        client.join(pipe, feed)
+        feed, pipe = fanout(client, "audit", durable=True)
         published = threading.Event()
         failures: list[BaseException] = []
 
@@ -150,11 +157,8 @@ def test_a_publish_refused_with_503_is_retried_when_there_is_room(
 def test_a_push_reader_resumes_after_a_restart(make_process: MakeProcess, transport: str) -> None:
     gateway = make_process()
     with Client(gateway.url, retry=PATIENT) as client:
-        feed = client.create_feed("events", "fanout")
-        pipe = client.create_pipe(title="pushed")
-        client.join(pipe, feed)
-        early = [f"early-{i}" for i in range(10)]
-        late = [f"late-{i}" for i in range(5)]
+        feed, pipe = fanout(client, "events")
+        early, late = persistent_batches(10, 5)
         client.publish(feed, [Message.of(i) for i in early], persistent=True)
         processed: list[str] = []
         for message in client.messages(pipe, transport=transport):
