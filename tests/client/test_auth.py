@@ -10,7 +10,16 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from restms_client import Basic, Bearer, Client, ClientCredentials, Forbidden, Retry, Unauthorized
+from restms_client import (
+    AsyncClient,
+    Basic,
+    Bearer,
+    Client,
+    ClientCredentials,
+    Forbidden,
+    Retry,
+    Unauthorized,
+)
 from tests.client.conftest import MakeProcess, add_client, main_py
 from tests.client.gateway import GatewayProcess
 
@@ -109,3 +118,21 @@ def test_the_admin_sub_client(make_process: MakeProcess) -> None:
         assert client.admin.delete_pipe(pipe.name)["deleted"] == pipe.name
         assert "counters" in client.admin.stats()
         assert client.admin.bridges() == []
+
+
+async def test_client_credentials_on_the_asyncio_client(make_process: MakeProcess) -> None:
+    gateway, secret = with_client(
+        make_process, "app", "restms:read restms:publish restms:subscribe"
+    )
+    credentials = ClientCredentials(client_id="app", client_secret=secret)
+    async with AsyncClient(gateway.url, auth=credentials) as client:
+        pipe = await client.create_pipe(title="async")
+        assert (await client.pipe(pipe)).title == "async"
+        with pytest.raises(Forbidden) as refused:
+            await client.admin.stats()  # not an admin
+        assert "restms:admin" in refused.value.reason
+    wrong = ClientCredentials(client_id="app", client_secret="not-it")
+    async with AsyncClient(gateway.url, auth=wrong, retry=NO_RETRY) as client:
+        with pytest.raises(Unauthorized) as bad:
+            await client.domain()
+        assert "invalid_client" in bad.value.reason
