@@ -36,20 +36,23 @@ def _event(event: Any) -> tuple[str, str, str] | None:
     return None if event is None else (event.event, event.data, event.id)
 
 
-def _failed(step: Step, exc: Exception) -> TransportError:
-    return TransportError(f"{type(step).__name__}: {type(exc).__name__}: {exc}")
+def _failed(step: Step, exc: Exception) -> Exception:
+    """The library's error for what failed under a stream step: a TransportError for
+    the network and the WebSocket layer; anything else is a bug, raised as it is."""
+    network = isinstance(exc, httpx2.TransportError | OSError)
+    if network or type(exc).__module__.startswith("httpx2.websockets"):
+        return TransportError(f"{type(step).__name__}: {type(exc).__name__}: {exc}")
+    return exc
 
 
 def sync_step(http: httpx2.Client, step: Step, opened: contextlib.ExitStack) -> Any:
     """Do a stream step on a synchronous client."""
     try:
         return _sync_step(http, step, opened)
-    except (httpx2.TransportError, OSError) as exc:
-        raise _failed(step, exc) from exc
     except Exception as exc:
-        if type(exc).__module__.startswith("httpx2.websockets"):
-            raise _failed(step, exc) from exc
-        raise
+        if (failure := _failed(step, exc)) is exc:
+            raise
+        raise failure from exc
 
 
 def _sync_step(http: httpx2.Client, step: Step, opened: contextlib.ExitStack) -> Any:
@@ -115,12 +118,10 @@ async def async_step(
     """Do a stream step on an asyncio client."""
     try:
         return await _async_step(http, step, opened)
-    except (httpx2.TransportError, OSError) as exc:
-        raise _failed(step, exc) from exc
     except Exception as exc:
-        if type(exc).__module__.startswith("httpx2.websockets"):
-            raise _failed(step, exc) from exc
-        raise
+        if (failure := _failed(step, exc)) is exc:
+            raise
+        raise failure from exc
 
 
 async def _async_step(
