@@ -21,6 +21,7 @@ tree rooted in :class:`RestMSError`. docs/CLIENT.md is the guide.
 """
 
 from .auth import Basic, Bearer, ClientCredentials, Credentials
+from .bound import BoundPipe
 from .client import (
     Admin,
     AdminOperations,
@@ -65,6 +66,7 @@ __all__ = [
     "BadRequest",
     "Basic",
     "Bearer",
+    "BoundPipe",
     "Client",
     "ClientCredentials",
     "Conflict",

@@ -24,6 +24,7 @@ import httpx2
 from . import admin as admin_ops
 from . import codec, ops, patterns, readers, streams
 from .auth import ClientCredentials, Credentials, async_session, sync_session
+from .bound import BoundPipe
 from .errors import ProtocolError, RestMSError, TransportError, Unauthorized
 from .steps import Call, Emit, Op, Received, Retry, Sleep, Step
 from .values import Delivery, Pipe
@@ -201,6 +202,10 @@ class Client(Operations, _Sync):
     def close(self) -> None:
         self._http.close()
 
+    def bind(self, pipe: Pipe) -> BoundPipe[Client]:
+        """``pipe`` with this client: ``for message in client.bind(pipe).messages():``."""
+        return BoundPipe(self, pipe)
+
     def __enter__(self) -> Self:
         return self
 
@@ -288,6 +293,10 @@ class AsyncClient(Operations, _Async):
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    def bind(self, pipe: Pipe) -> BoundPipe[AsyncClient]:
+        """``pipe`` with this client: ``async for message in client.bind(pipe).messages():``."""
+        return BoundPipe(self, pipe)
 
     async def __aenter__(self) -> Self:
         return self

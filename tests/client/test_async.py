@@ -96,3 +96,19 @@ async def test_a_consumer_and_a_publisher_through_a_restart(
         assert processed == ids  # in order, each once: nothing lost, nothing repeated
         assert (await client.pipe(pipe)).messages == ()
         assert any("retry" in r.getMessage() for r in caplog.records)
+
+
+async def test_a_bound_pipe_on_the_asyncio_client(
+    gateway: GatewayProcess, blockbuster: BlockBuster
+) -> None:
+    async with AsyncClient(gateway.url) as client:
+        feed = await client.create_feed(unique("bound"), "fanout")
+        pipe = client.bind(await client.create_pipe(title="bound"))
+        await pipe.join(feed)
+        await client.publish(feed, Message.of("a"))
+        async with pipe.messages() as messages:
+            async for message in messages:
+                assert message.text == "a"
+                await message.ack()
+                break
+        await pipe.delete()

@@ -254,3 +254,20 @@ def test_websocket_reader_acknowledged_by_delete_moves_its_window(
             if len(got) == 6:
                 break
         assert got == [str(i) for i in range(6)]
+
+
+def test_a_bound_pipe_reads_as_for_message_in_pipe_messages(gateway: GatewayProcess) -> None:
+    with Client(gateway.url) as client:
+        feed = client.create_feed(unique("bound"), "fanout")
+        pipe = client.bind(client.create_pipe(title="bound"))
+        assert pipe.join(feed).feed == feed.href
+        client.publish(feed, [Message.of("a"), Message.of("b")])
+        got = []
+        for message in pipe.messages(auto_ack=True):
+            got.append(message.text)
+            if len(got) == 2:
+                break
+        assert got == ["a", "b"]
+        pipe.delete()
+        with pytest.raises(NotFound):
+            client.pipe(pipe.value)
