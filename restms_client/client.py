@@ -135,7 +135,8 @@ def _failure(call: Call, exc: Exception) -> RestMSError | None:
     if type(exc).__name__ in _OAUTH_ERRORS:  # authlib's: error and description (RFC 6749)
         error = getattr(exc, "error", None) or type(exc).__name__
         description = getattr(exc, "description", None) or str(exc)
-        return Unauthorized(401, f"token request refused: {error}: {description}", url=call.url)
+        reason = f"token request refused: {error}: {description}"
+        return Unauthorized(401, reason, url=call.url, method=call.method)
     return None
 
 

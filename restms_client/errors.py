@@ -22,7 +22,8 @@
         └── ServiceUnavailable       503
 
 Every :class:`StatusError` keeps the status, the gateway's one-line ``text/plain``
-reason, the URL and ``Retry-After`` (seconds) when the gateway sent it. The HTTP
+reason, the request's method and URL, and ``Retry-After`` (seconds) when the gateway
+sent it. The HTTP
 library's own exceptions are converted in one place, the clients' request step, with
 ``raise ... from``.
 """
@@ -69,12 +70,20 @@ class StatusError(RestMSError):
     status = 0
 
     def __init__(
-        self, status: int, reason: str, *, url: str = "", retry_after: float | None = None
+        self,
+        status: int,
+        reason: str,
+        *,
+        url: str = "",
+        method: str = "",
+        retry_after: float | None = None,
     ) -> None:
-        super().__init__(f"{status} {reason}" + (f" ({url})" if url else ""))
+        where = f" ({method} {url})".replace("( ", "(") if url else ""
+        super().__init__(f"{status} {reason}{where}")
         self.status = status
         self.reason = reason
         self.url = url
+        self.method = method
         self.retry_after = retry_after
 
 
@@ -151,8 +160,8 @@ _BY_STATUS: dict[int, type[StatusError]] = {
 
 
 def status_error(
-    status: int, reason: str, *, url: str = "", retry_after: float | None = None
+    status: int, reason: str, *, url: str = "", method: str = "", retry_after: float | None = None
 ) -> StatusError:
     """The exception for ``status``: its own class, else the class of its hundred."""
     cls = _BY_STATUS.get(status) or (ServerError if status >= 500 else StatusError)
-    return cls(status, reason, url=url, retry_after=retry_after)
+    return cls(status, reason, url=url, method=method, retry_after=retry_after)

@@ -78,9 +78,10 @@ def sse(core: Core, /, pipe: Pipe | str, *, auto_ack: bool, on_gap: GapHandler) 
         if last is not None:
             headers["Last-Event-ID"] = str(last)
         try:
-            stream = yield Events(Call("GET", href, headers, timeout=STREAM_TIMEOUT))
+            opening = Call("GET", href, headers, timeout=STREAM_TIMEOUT)
+            stream = yield Events(opening)
             if not isinstance(stream, StreamHandle):
-                raise error_of(stream, href)
+                raise error_of(stream, opening)
             attempt = 0
             while (event := (yield NextEvent(stream))) is not None:
                 name, data, event_id = event

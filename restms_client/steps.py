@@ -163,9 +163,15 @@ def retry_after(reply: Reply) -> float | None:
         return None  # an HTTP date: the gateway sends seconds; back off as usual
 
 
-def error_of(reply: Reply, url: str) -> StatusError:
+def error_of(reply: Reply, call: Call) -> StatusError:
     reason = reply.content[:1000].decode("utf-8", "replace").strip()
-    return status_error(reply.status_code, reason, url=url, retry_after=retry_after(reply))
+    return status_error(
+        reply.status_code,
+        reason,
+        url=call.url,
+        method=call.method,
+        retry_after=retry_after(reply),
+    )
 
 
 def backoff(
@@ -192,7 +198,7 @@ def send(call: Call, retry: Retry, *, ok: frozenset[int] = frozenset()) -> Op[Re
             status = reply.status_code
             if status < 300 or status in ok:
                 return reply
-            failure = error_of(reply, call.url)
+            failure = error_of(reply, call)
             if status not in retry.statuses:
                 raise failure
             wait = retry_after(reply)
