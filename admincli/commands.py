@@ -450,10 +450,18 @@ def _api(args: argparse.Namespace) -> Api:
     return Api(client, base)
 
 
-def _failure(exc: StatusError | TransportError | ProtocolError) -> Failure:
+TOKEN_REFUSED = "token request refused: "  # noqa: S105 (restms_client's reason, no secret)
+
+
+def _failure(
+    exc: StatusError | TransportError | ProtocolError, args: argparse.Namespace
+) -> Failure:
     """The exit code and message of the library's error (never a token or secret)."""
+    if isinstance(exc, StatusError) and exc.reason.startswith(TOKEN_REFUSED):
+        client_id = args.client_id or os.environ.get("RESTMS_CLIENT_ID")
+        return refused(f"no token for client {client_id!r}: {exc.reason[len(TOKEN_REFUSED) :]}")
     if isinstance(exc, StatusError):
-        return refused(f"{exc.url}: {exc.status} {exc.reason}")
+        return refused(f"{exc.method} {exc.url}: {exc.status} {exc.reason}")
     return unreachable(str(exc))
 
 
@@ -464,7 +472,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             out = HANDLERS[args.verb](api, args)
         except (StatusError, TransportError, ProtocolError) as exc:
-            raise _failure(exc) from None
+            raise _failure(exc, args) from None
         finally:
             api.client.close()
     except Failure as exc:
