@@ -151,11 +151,7 @@ def _content_object(content: Content) -> Tree:
 
 def plain(text: str) -> bool:
     """Whether ``text`` can be a plain embedded content: XML 1.0 characters only."""
-    # isprintable() is one C loop over the text and admits only characters XML
-    # allows, so it settles most texts at a fraction of the pattern's cost (a 1 KiB
-    # message, docs/BENCHMARKS.md); texts with a tab, a line break or a control
-    # character go to the pattern (tests/client/test_codec.py: the two agree).
-    return text.isprintable() or _PLAIN.fullmatch(text) is not None
+    return _PLAIN.fullmatch(text) is not None
 
 
 def _present(**properties: str | None) -> Tree:
