@@ -175,6 +175,34 @@ async def latency(
     return clock
 
 
+# ---------------------------------------------------------------- the client alone
+async def client_only(requests: int) -> dict[str, list[float]]:
+    """CPU-µs of one publish of a batch, library and raw httpx2, against httpx2's
+    MockTransport answering the gateway's reply: the client's cost alone."""
+    reply = json.dumps({"restms": {"message": [{"count": "1"}] * BATCH}}).encode()
+
+    def answer(request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, content=reply, headers={"Content-Type": JSON})
+
+    feed = "http://127.0.0.1:9/restms/feed/mock"
+    library = AsyncClient("http://127.0.0.1:9")
+    library._http = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    raw = httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    batch = [Message.of(payload()) for _ in range(BATCH)]
+    costs: dict[str, list[float]] = {"library": [], "httpx2": []}
+    async with library, raw:
+        for kind in ("library", "httpx2") * 3:
+            cpu = time.process_time()
+            for _ in range(requests):
+                if kind == "library":
+                    await library.publish(feed, batch)
+                else:
+                    body, headers = _raw_batch()
+                    (await raw.post(feed, content=body, headers=headers)).raise_for_status()
+            costs[kind].append((time.process_time() - cpu) / requests * 1e6)
+    return costs
+
+
 # ---------------------------------------------------------------- run
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = Server("gateway", name="client").wait_ready()
@@ -222,12 +250,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         raw: {m: medians["library"][m] / medians[raw][m] for m in medians[raw]}
         for raw in ("httpx2", "aiohttp")
     }
+    alone = await client_only(200)
     return {
         "machine": machine(),
         "args": vars(args),
         "rounds": figures,
         "medians": medians,
         "ratios": ratios,
+        "client_only_us_per_request": alone,
     }
 
 
@@ -241,15 +271,11 @@ def main() -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "client.json").write_text(json.dumps(result, indent=2))
     for kind, values in result["medians"].items():
-        log(
-            f"{kind:8} {values['msgs_per_s']:9,.0f} msg/s  p50 {values['p50_ms']:.3f} ms  "
-            f"p90 {values['p90_ms']:.3f} ms"
-        )
+        log(f"{kind:8} " + "  ".join(f"{m} {v:,.3f}" for m, v in values.items()))
     for raw, values in result["ratios"].items():
-        log(
-            f"library / {raw}: throughput {values['msgs_per_s']:.3f}, "
-            f"p50 {values['p50_ms']:.3f}, p90 {values['p90_ms']:.3f}"
-        )
+        log(f"library / {raw}: " + "  ".join(f"{m} {v:.3f}" for m, v in values.items()))
+    for kind, costs in result["client_only_us_per_request"].items():
+        log(f"client alone, {kind}: " + ", ".join(f"{c:.0f}" for c in costs) + " us a request")
 
 
 if __name__ == "__main__":
