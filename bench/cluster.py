@@ -67,9 +67,11 @@ from bench.common import (
 )
 from bench.run_all import GATEWAY_ENV
 
-CLUSTER_URL = "redis://127.0.0.1:7101"
+# The project's cluster (scripts/cluster), or one moved as the script moves it.
+CLUSTER_BASE = int(os.environ.get("RESTMS_CLUSTER_BASE_PORT", "7100"))
+CLUSTER_PORTS = range(CLUSTER_BASE + 1, CLUSTER_BASE + 7)
+CLUSTER_URL = f"redis://127.0.0.1:{CLUSTER_PORTS[0]}"
 CLUSTER_DIR = Path(os.environ.get("RESTMS_CLUSTER_DIR", "/var/tmp/restms-cluster"))
-CLUSTER_PORTS = range(7101, 7107)
 PARTS = ("engines", "cross_node", "pipes", "workers")
 
 

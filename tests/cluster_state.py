@@ -1,7 +1,7 @@
 """Fixtures for tests of the state gateway nodes share in the project's Redis Cluster
-(127.0.0.1:7101-7106, ``scripts/cluster up``): each test has a namespace of its own,
-whose keys are deleted after it. A test that needs the cluster fails, never skips,
-when it cannot be had.
+(127.0.0.1:7101-7106, ``scripts/cluster up``; tests/nodes.py says how to move it):
+each test has a namespace of its own, whose keys are deleted after it. A test that
+needs the cluster fails, never skips, when it cannot be had.
 
 Also what the failure tests (a master killed or stopped) need of the cluster's
 instances: which one is a slot's master, its pid, and the cluster brought back whole
@@ -28,11 +28,11 @@ from redis.exceptions import RedisError
 from auth.cluster import Shared
 from tests import nodes
 from tests.integration.test_cluster_script import DIR as CLUSTER_DIR
-from tests.integration.test_cluster_script import PORTS
 from tests.integration.test_cluster_script import redis as _redis_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-URL = "redis://127.0.0.1:7101"
+URL = nodes.CLUSTER_URL
+PORTS = nodes.PORTS
 DEAD = "redis://127.0.0.1:7199"  # nothing listens there: a cluster that does not answer
 NODE_TIMEOUT = 3.0  # scripts/cluster's cluster-node-timeout
 

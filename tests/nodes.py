@@ -7,11 +7,16 @@ a pipe made through one node is read through another, published to through a thi
 and acknowledged through the first, as a load balancer with no sticky sessions does.
 Only the namespace is the test's own, on the project's cluster (127.0.0.1:7101-7106,
 ``scripts/cluster up``); its keys are deleted afterwards.
+
+Every test finds the cluster here: ``RESTMS_CLUSTER_BASE_PORT`` (as ``scripts/cluster``
+reads it; 7100 by default) moves it to BASE+1..BASE+6, so a developer may run the
+tests that stop or kill masters on a cluster of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -24,7 +29,9 @@ from redis.asyncio.cluster import RedisCluster
 from tests.roundrobin import RoundRobinProxy
 
 NODES = 3
-CLUSTER_URL = "redis://127.0.0.1:7101"
+BASE_PORT = int(os.environ.get("RESTMS_CLUSTER_BASE_PORT", "7100"))
+PORTS = range(BASE_PORT + 1, BASE_PORT + 7)  # the cluster's six instances
+CLUSTER_URL = f"redis://127.0.0.1:{PORTS[0]}"
 TOPOLOGIES = ("one", "three-nodes")
 # Given, so that making a client does not read the package's metadata from disk (a
 # blocking call on the event loop).

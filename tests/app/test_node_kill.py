@@ -74,7 +74,11 @@ async def three_nodes(
                 "--data-dir",
                 str(tmp_path / f"node{i}"),
                 *args,
-                env={**(env or {}), "RESTMS_REDIS_NAMESPACE": name},
+                env={
+                    "RESTMS_REDIS_URL": nodes.CLUSTER_URL,
+                    **(env or {}),
+                    "RESTMS_REDIS_NAMESPACE": name,
+                },
             )
             running.procs.append(proc)
             port = await listening_port(proc)

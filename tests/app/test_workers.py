@@ -112,7 +112,12 @@ async def workers(
         str(port),
         "--data-dir",
         str(tmp_path / "data"),
-        env={"RESTMS_REDIS_NAMESPACE": name, "RESTMS_ACCESS_LOG": "1", **env},
+        env={
+            "RESTMS_REDIS_URL": nodes.CLUSTER_URL,
+            "RESTMS_REDIS_NAMESPACE": name,
+            "RESTMS_ACCESS_LOG": "1",
+            **env,
+        },
     )
     log = Log(proc)
     try:

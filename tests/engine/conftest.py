@@ -25,6 +25,7 @@ from feeds.redis import RedisEngine
 from feeds.redis.link import DRIVER
 from feeds.service import EngineService
 from tests.app.test_readyz import Lock
+from tests.nodes import CLUSTER_URL, PORTS
 
 ENGINES = ("embedded-memory", "embedded-sqlite", "redis")
 # Engines whose persistent messages survive a restart. The Redis engine keeps every
@@ -53,7 +54,9 @@ def _open(kind: str, data: Path, config: dict[str, Any]) -> EngineService:
     """``data``: the embedded engine's directory; its name, the Redis engine's namespace."""
     engine_config = EngineConfig(**config)
     if kind == "redis":
-        return RedisEngine.open(engine_config, namespace=_namespace(data), sweep_interval=SWEEP)
+        return RedisEngine.open(
+            engine_config, CLUSTER_URL, namespace=_namespace(data), sweep_interval=SWEEP
+        )
     if kind == "embedded-memory":
         return EmbeddedEngine.open(engine_config, sweep_interval=SWEEP, journal_interval=FLUSH)
     if kind == "embedded-sqlite":
@@ -85,7 +88,7 @@ async def forget_namespace(namespace: str) -> None:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", 7101)], driver_info=DRIVER)
+    cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", PORTS[0])], driver_info=DRIVER)
     try:
         await cluster.initialize()
         masters = [(node.host, node.port) for node in cluster.get_primaries()]
@@ -162,7 +165,7 @@ async def _no_replicas() -> AsyncIterator[None]:
     from redis.asyncio import Redis
 
     masters = []
-    for port in (7101, 7102, 7103, 7104, 7105, 7106):
+    for port in PORTS:
         client = Redis(host="127.0.0.1", port=port, driver_info=DRIVER)
         role = await client.execute_command("ROLE")
         if role[0] == b"master":

@@ -15,6 +15,7 @@ from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
 from feeds.service import FeedInfo, PipeInfo
 from restms.errors import NotFound
+from tests.nodes import CLUSTER_URL
 
 from .conftest import SWEEP, forget_namespace
 from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, text, texts
@@ -24,7 +25,10 @@ from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, tex
 async def nodes(blockbuster: BlockBuster) -> AsyncIterator[tuple[RedisEngine, RedisEngine]]:
     namespace = f"restms-test-{secrets.token_hex(6)}"
     config = EngineConfig(lease=0.1)
-    made = [RedisEngine.open(config, namespace=namespace, sweep_interval=SWEEP) for _ in range(2)]
+    made = [
+        RedisEngine.open(config, CLUSTER_URL, namespace=namespace, sweep_interval=SWEEP)
+        for _ in range(2)
+    ]
     for engine in made:
         await engine.start()
     yield made[0], made[1]

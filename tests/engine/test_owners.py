@@ -26,6 +26,7 @@ from feeds.service import Webhook, WebhookAttempts
 from restms.errors import NotFound
 from restms.specs import Update
 from restms.webhook import WebhookOptions
+from tests.nodes import CLUSTER_URL
 
 from .conftest import SWEEP, forget_namespace
 from .helpers import ME, eventually, msg, new_pipe, publish
@@ -53,7 +54,9 @@ async def pair(blockbuster: BlockBuster) -> AsyncIterator[tuple[Node, Node]]:
     namespace = f"restms-test-{secrets.token_hex(6)}"
     made = []
     for _ in range(2):
-        engine = RedisEngine.open(EngineConfig(), namespace=namespace, sweep_interval=SWEEP)
+        engine = RedisEngine.open(
+            EngineConfig(), CLUSTER_URL, namespace=namespace, sweep_interval=SWEEP
+        )
         engine.owners = Owners(engine, ttl=TTL, renew=RENEW)
         node = Node(engine)
         await engine.start()

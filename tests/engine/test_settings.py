@@ -14,6 +14,7 @@ from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
 from feeds.service import EngineService
 from restms.errors import ServiceUnavailable
+from tests.nodes import CLUSTER_URL
 
 from .conftest import MakeEngine, forget_namespace, refuse_commits
 
@@ -109,7 +110,7 @@ async def test_two_nodes_offering_at_once_agree_on_one_value(blockbuster: BlockB
     """Redis only (the embedded engine is one process per data directory): two gateway
     nodes on one namespace, each offering its own gateway id at the same moment."""
     namespace = f"restms-test-{secrets.token_hex(6)}"
-    nodes = [RedisEngine.open(EngineConfig(), namespace=namespace) for _ in range(2)]
+    nodes = [RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=namespace) for _ in range(2)]
     try:
         for node in nodes:
             await node.start()

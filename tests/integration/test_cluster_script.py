@@ -1,4 +1,5 @@
-"""``scripts/cluster``: the project's Redis Cluster on 127.0.0.1:7101-7106, for real.
+"""``scripts/cluster``: the project's Redis Cluster on 127.0.0.1:7101-7106 (or where
+``RESTMS_CLUSTER_BASE_PORT`` puts it, tests/nodes.py), for real.
 
 It comes up formed (3 masters, 3 replicas, every slot served, AOF with fsync at every
 write), ``up`` again changes nothing, a master killed with SIGKILL is replaced by its
@@ -16,9 +17,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.nodes import PORTS
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cluster"
-PORTS = range(7101, 7107)
 DIR = Path(os.environ.get("RESTMS_CLUSTER_DIR", "/var/tmp/restms-cluster"))
 
 
@@ -62,7 +64,7 @@ def up() -> None:
 
 def test_the_cluster_comes_up_formed_and_durable() -> None:
     up()
-    info = redis(7101, "CLUSTER", "INFO")
+    info = redis(PORTS[0], "CLUSTER", "INFO")
     assert "cluster_state:ok" in info
     assert "cluster_slots_assigned:16384" in info
     assert "cluster_known_nodes:6" in info
