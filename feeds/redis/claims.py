@@ -6,10 +6,14 @@ A publish claims each of its ids (``SET NX``, IN_FLIGHT) before its message is p
 and gives the id the publish's count once that is done (:func:`remember`). Another
 publish of the id, a retry on any node, is answered as a duplicate only from that
 count: while the claim is unfinished it waits (SETTLE_WAIT, then 503), for that publish
-may yet fail and its message not be kept. A publish that fails releases its claims; a
-claim nobody will finish (its node died, or its release was refused while the cluster
-failed over) lasts CLAIM_TTL, after which a repeat places the message again (at least
-once, never lost).
+may yet fail and its message not be kept. A publish that fails having placed nothing
+releases its claims; one that may have placed copies keeps them until those are
+settled (:mod:`.settling`: taken back, the ids then released; or gone already, the ids
+then remembered as kept). A claim lasts CLAIM_TTL, and the engine renews its claims
+while their publish (or its settling) runs: a publish waiting on a stopped master (the
+link's socket timeout) keeps its ids. A claim nobody will finish (its node died, or
+its release was refused while the cluster failed over) is free CLAIM_TTL after its
+last renewal, and a repeat then places the message again (at least once, never lost).
 """
 
 from __future__ import annotations
@@ -35,6 +39,39 @@ IN_FLIGHT = -1  # a claimed message id whose publish has not finished
 CLAIM_TTL = 5
 SETTLE_WAIT = 1.5  # seconds a publish waits for another one's claim of its id to finish
 SETTLE_POLL = 0.02
+RENEW = 1.0  # seconds between renewals of the claims held
+
+
+class Holding:
+    """The claims this engine's publishes hold now: key -> (when claimed, its TTL)."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, tuple[float, int]] = {}
+
+    def add(self, keys: list[str], ttl: int) -> None:
+        now = time.monotonic()
+        for key in keys:
+            self.keys[key] = (now, ttl)
+
+    def drop(self, keys: list[str]) -> None:
+        for key in keys:
+            self.keys.pop(key, None)
+
+
+async def renew(engine: RedisEngine) -> None:
+    """Forever: every RENEW seconds, the claims held longer than that live their TTL
+    from now (``EXPIRE ... GT``: a remembered id's longer life is never cut)."""
+    while True:
+        await asyncio.sleep(RENEW)
+        now = time.monotonic()
+        due = [(k, ttl) for k, (since, ttl) in engine.holding.keys.items() if now - since >= RENEW]
+        outcomes = await asyncio.gather(
+            *(engine.link.call(k, "EXPIRE", k, ttl, "GT", write=True) for k, ttl in due),
+            return_exceptions=True,
+        )
+        failed = [o for o in outcomes if isinstance(o, ServiceUnavailable)]
+        if failed:
+            log.warning("%d message-id claims were not renewed: %s", len(failed), failed[0].reason)
 
 
 async def claim_all(
@@ -56,6 +93,8 @@ async def claim_all(
     if failed is not None:
         await release(engine, feed, [mid for mid, got in seen.items() if got is None])
         raise failed
+    ttl = max(1, int(min(window, CLAIM_TTL)))
+    engine.holding.add([engine.keys.dedup(feed.key, m) for m, g in seen.items() if g is None], ttl)
     return seen
 
 
@@ -82,10 +121,42 @@ async def _claim(engine: RedisEngine, feed: FeedRec, mid: str, window: float) ->
 
 async def release(engine: RedisEngine, feed: FeedRec, ids: list[str]) -> None:
     """Free the claims of a publish that kept nothing (best effort: CLAIM_TTL else)."""
+    engine.holding.drop([engine.keys.dedup(feed.key, mid) for mid in ids])
     for mid in ids:
         key = engine.keys.dedup(feed.key, mid)
         with contextlib.suppress(ServiceUnavailable):
             await engine.link.call(key, "DEL", key, write=True)
+
+
+def after(
+    engine: RedisEngine,
+    feed: FeedRec,
+    ids: list[str],
+    named: dict[int, str] | None,
+    settled: asyncio.Task[dict[int, int] | None],
+    window: float,
+) -> None:
+    """The claims ``ids`` of a publish being settled: held until it is, then released
+    (its copies were taken back) or remembered (a copy had gone already: the message
+    was kept). ``named``: each message's id by index, None when the settled indexes do
+    not name the publish's messages (a rotator's hand-outs); such ids, and every id of
+    a publish that could not be settled, are left to run out."""
+
+    async def when_settled() -> None:
+        try:
+            kept = await settled
+        except Exception:  # logged by the engine's background tasks
+            kept = None
+        if kept is not None and named is not None:
+            counts = {named[index]: n for index, n in kept.items() if index in named}
+            await remember(engine, feed, list(counts.items()), window)
+            await release(engine, feed, [mid for mid in ids if mid not in counts])
+        elif kept == {}:
+            await release(engine, feed, ids)
+        else:  # not settled: a repeat must not place the message at once
+            engine.holding.drop([engine.keys.dedup(feed.key, mid) for mid in ids])
+
+    engine.adopt(asyncio.get_running_loop().create_task(when_settled()))
 
 
 async def remember(
@@ -110,6 +181,7 @@ async def remember(
         ),
         return_exceptions=True,
     )
+    engine.holding.drop([engine.keys.dedup(feed.key, mid) for mid, _count in done])
     for outcome in outcomes:
         if isinstance(outcome, ServiceUnavailable):
             # The messages are placed (and committed): their answer stands. The id's

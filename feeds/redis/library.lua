@@ -1,4 +1,4 @@
-#!lua name=restms_v2
+#!lua name=restms_v5
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -132,15 +132,31 @@ local function head(fields, out)
   end
 end
 
--- KEYS: s1, h1, s2, h2, ... ARGV: channel, now, then per pipe: max_messages,
+-- How long a publish's mark (below) is kept, seconds: longer than the engine tries to
+-- settle a publish whose outcome it does not know (feeds/redis/settling.py).
+local MARK_TTL = 60
+
+-- KEYS: s1, h1, s2, h2, ..., and, for a publish that must be taken back exactly should
+-- it fail (a durable one, or one with message ids), its mark: a key of the bucket's
+-- slot and of this publish alone. ARGV: channel, now, then per pipe: max_messages,
 -- max_bytes, overflow, n, then n times: size, expires (0: never), record; then, only
 -- with the traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then
 -- each message's position (0: it did not fit, skipped); with the mirror on, then one
 -- more item: per pipe, the heads (head) of those it dropped, the oldest first.
+-- The mark records the positions placed (pipes by ',', positions by ' '), so settle
+-- finds them whether or not the caller heard the answer; a mark that exists already
+-- means settle came first: nothing is placed (error SETTLED).
 local function place(keys, args)
-  local out, woken, dropped = {}, {}, {}
+  local out, woken, dropped, marks = {}, {}, {}, {}
   local a = 3
-  for k = 1, #keys, 2 do
+  local marker = nil
+  if #keys % 2 == 1 then
+    marker = keys[#keys]
+    if redis.call('EXISTS', marker) == 1 then
+      return redis.error_reply('SETTLED this publish was settled before it was placed')
+    end
+  end
+  for k = 1, #keys - 1, 2 do
     local s, h = keys[k], keys[k + 1]
     local maxm, maxb, overflow, n = num(args[a]), num(args[a + 1]), args[a + 2], num(args[a + 3])
     a = a + 4
@@ -182,11 +198,17 @@ local function place(keys, args)
     end
     redis.call('HINCRBY', h, 'ver', 1)
     woken[#woken + 1] = pipe_key(s)
+    if marker then
+      marks[#marks + 1] = table.concat(out, ' ', at + 1, #out)
+    end
+  end
+  if marker then
+    redis.call('SET', marker, table.concat(marks, ','), 'EX', MARK_TTL)
   end
   redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
   if args[a] == '1' then -- the mirror's flag, after the last pipe's messages
     local heads = {}
-    for pipe = 1, #keys / 2 do
+    for pipe = 1, math.floor(#keys / 2) do
       heads[pipe] = {}
       for _, fields in ipairs(dropped[pipe] or {}) do
         head(fields, heads[pipe])
@@ -195,6 +217,56 @@ local function place(keys, args)
     out[#out + 1] = heads
   end
   return out
+end
+
+-- KEYS: a publish's mark (place), then the pipes it placed into (s1, h1, ..., in
+-- place's order). ARGV: channel. Takes back the copies the mark records that are still
+-- there, and leaves the mark settled, so that this publish's place, should it reach the
+-- master only now, places nothing. Returns per pipe a letter per copy ('t': taken back;
+-- 'g': gone already, acknowledged, dropped or expired; 'n': none placed), the pipes
+-- separated by ','; no letters for a pipe: nothing was placed there. Asked again, it
+-- answers the same (and writes the mark again, so that the caller's WAIT confirms it).
+local function settle(keys, args)
+  local marker = keys[1]
+  local held = redis.call('GET', marker)
+  if held and string.sub(held, 1, 1) == '=' then
+    redis.call('SET', marker, held, 'EX', MARK_TTL)
+    return string.sub(held, 2)
+  end
+  local placed = {}
+  for part in string.gmatch((held or '') .. ',', '([^,]*),') do
+    placed[#placed + 1] = part
+  end
+  local fates, woken = {}, {}
+  for k = 2, #keys, 2 do
+    local s, h = keys[k], keys[k + 1]
+    local fate = {}
+    for pos in string.gmatch(held and placed[k / 2] or '', '%d+') do
+      if pos == '0' then
+        fate[#fate + 1] = 'n'
+      else
+        local found = redis.call('XRANGE', s, '0-' .. pos, '0-' .. pos)
+        if #found > 0 then
+          remove(s, h, found[1][1], found[1][2])
+          mark(h, 'lost', pos) -- a reader may have seen it: told as a gap
+          fate[#fate + 1] = 't'
+        else
+          fate[#fate + 1] = 'g'
+        end
+      end
+    end
+    if string.find(table.concat(fate), 't', 1, true) then
+      redis.call('HINCRBY', h, 'ver', 1)
+      woken[#woken + 1] = pipe_key(s)
+    end
+    fates[#fates + 1] = table.concat(fate)
+  end
+  local answer = table.concat(fates, ',')
+  redis.call('SET', marker, '=' .. answer, 'EX', MARK_TTL)
+  if #woken > 0 then
+    redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
+  end
+  return answer
 end
 
 -- KEYS: s1, h1, ... ARGV: then per pipe: max_messages, max_bytes, n, n sizes. Returns
@@ -476,17 +548,18 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v2_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v2_cat_since', callback = cat_since,
+redis.register_function('restms_v5_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v5_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v2_place', place)
-redis.register_function{function_name = 'restms_v2_room', callback = room,
+redis.register_function('restms_v5_place', place)
+redis.register_function{function_name = 'restms_v5_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v2_range', range)
-redis.register_function('restms_v2_ack', ack)
-redis.register_function('restms_v2_take_out', take_out)
-redis.register_function('restms_v2_delete_content', delete_content)
-redis.register_function('restms_v2_sweep', sweep)
-redis.register_function('restms_v2_own', own)
-redis.register_function('restms_v2_disown', disown)
-redis.register_function('restms_v2_hook_save', hook_save)
+redis.register_function('restms_v5_range', range)
+redis.register_function('restms_v5_ack', ack)
+redis.register_function('restms_v5_take_out', take_out)
+redis.register_function('restms_v5_settle', settle)
+redis.register_function('restms_v5_delete_content', delete_content)
+redis.register_function('restms_v5_sweep', sweep)
+redis.register_function('restms_v5_own', own)
+redis.register_function('restms_v5_disown', disown)
+redis.register_function('restms_v5_hook_save', hook_save)

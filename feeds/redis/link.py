@@ -31,12 +31,13 @@ from redis.driver_info import DriverInfo
 from restms.errors import NotCommitted, ServiceUnavailable
 
 log = logging.getLogger(__name__)
-LIBRARY = "restms_v2"  # the name library.lua declares: bump both together
+LIBRARY = "restms_v5"  # the name library.lua declares: bump both together
 FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.
 _MOVED = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError)
 _DOWN = (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, rex.RedisClusterException)
+_LOST = (rex.ConnectionError, rex.TimeoutError, OSError)  # no answer: the command's fate unknown
 RETRY_AFTER = 1
 # Given, so that redis-py does not look its version up in the package metadata (a file
 # read) each time a client is made on the event loop.
@@ -57,11 +58,14 @@ def unavailable(exc: BaseException, write: bool) -> ServiceUnavailable:
 
 
 class Unconfirmed(NotCommitted):
-    """The master made the write but no replica confirmed it in time: it may be lost in
-    a failover, so the caller takes it back (``results``: the commands' answers, what
-    to take back) and reports no success."""
+    """A write that may have been made though it was not confirmed: the master made it
+    and no replica confirmed it in time (``results``: the commands' answers), or the
+    connection failed once the commands were sent (``results`` None: whether the master
+    ran them is unknown; a stopped master runs them when it resumes). Either way the
+    write may be there, now or later, so the caller takes it back (or makes sure it is
+    not there) and reports no success."""
 
-    def __init__(self, results: list[Any]) -> None:
+    def __init__(self, results: list[Any] | None) -> None:
         super().__init__("no replica confirmed the write in time; retry", retry_after=RETRY_AFTER)
         self.results = results
 
@@ -137,10 +141,22 @@ class Link:
                     raise unavailable(exc, write) from exc
                 continue
             results = [command.result for command in sent]
+            if write and any(isinstance(r, _LOST) for r in results):
+                # Sent, and the connection failed before every answer came (redis-py
+                # keeps a read's failure as the command's result): the master may have
+                # run the writes, or may run them yet (a stopped one, once resumed).
+                await self._refresh()
+                self._failed(durable)
+                raise Unconfirmed(None)
             error = next((r for r in results if isinstance(r, Exception)), None)
             if isinstance(error, _MOVED) and not attempt:
                 await self._refresh()
                 continue
+            if durable and error is not None and error is results[-1]:
+                # The writes were made, their WAIT failed (a stopped master resumed and
+                # turned replica answers a blocked WAIT "UNBLOCKED"): made, unconfirmed.
+                self._failed(durable)
+                raise Unconfirmed(results[:-1])
             if error is not None:
                 self._failed(durable)
                 # Still moving after the slot map was read again (a failover under way:
@@ -176,7 +192,9 @@ class Link:
 
 def _refused(error: rex.ResponseError) -> bool:
     text = str(error)
-    return text.startswith(("NOREPLICAS", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "OOM"))
+    return text.startswith(
+        ("NOREPLICAS", "READONLY", "MASTERDOWN", "LOADING", "BUSY", "OOM", "SETTLED")
+    )
 
 
 class Subscriber:

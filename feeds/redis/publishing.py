@@ -39,7 +39,7 @@ from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent, stamp_in
-from . import claims, mirror
+from . import claims, mirror, settling
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy, Held
@@ -115,22 +115,28 @@ async def _publish(
             routed.append(index)
     engine.counters.published += len(messages)
     copies: dict[int, list[Copy]] = {}  # (the mirror's)
+    exact = bool(claimed)  # a repeat must find the message once: marked places
     try:
         if feed.type in QUEUEING_TYPES:
             placed, queued, committed, outs = await _queueing(
-                engine, feed, [items[i] for i in routed]
+                engine, feed, [items[i] for i in routed], exact
             )
             took = {i: 1 if n else 0 for i, n in zip(routed, placed, strict=True)}
             placements: list[Placed] = []
             if engine._mirror is not None:
                 copies = {i: [(p, True, 1)] for i, p in zip(routed, outs, strict=True) if p}
         else:
-            took, placements, committed, copies = await _fanout(engine, feed, items, routed)
+            took, placements, committed, copies = await _fanout(engine, feed, items, routed, exact)
             queued = 0
     except BaseException as exc:
         if isinstance(exc, _Refused) and engine._mirror is not None:
             mirror.refused(engine, feed, messages, principal if exc.publisher else None)
-        await claims.release(engine, feed, claimed)  # nothing was kept: the ids are free
+        if isinstance(exc, settling.Unsettled):  # the ids stay claimed until it is settled
+            fanout = feed.type not in QUEUEING_TYPES
+            named = {index: mid for index, mid in enumerate(ids) if mid} if fanout else None
+            claims.after(engine, feed, claimed, named, exc.settled, window)
+        else:
+            await claims.release(engine, feed, claimed)  # nothing was kept: the ids are free
         raise
     for index in routed:
         counts[index] = took[index]
@@ -191,7 +197,7 @@ async def _contents(
 
 
 async def _fanout(
-    engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int]
+    engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int], exact: bool = False
 ) -> tuple[dict[int, int], list[Placed], bool, dict[int, list[Copy]]]:
     """Route ``items`` (those at ``routed``) to the joins they match: each message's
     count, the positions placed, whether durably, and (the mirror on) each message's
@@ -214,7 +220,7 @@ async def _fanout(
     durable = any(items[i][3] for i in routed) or any(
         engine.settings(p).durable for p in pipes.values()
     )
-    positions = await _place(engine, pipes, targets, items, durable)
+    positions = await _place(engine, pipes, targets, items, durable, exact)
     took = dict.fromkeys(routed, 0)
     placements: list[Placed] = []
     for key, got in positions.items():
@@ -276,16 +282,21 @@ async def _place(
     targets: dict[str, list[int]],
     items: list[Item],
     durable: bool,
+    exact: bool = False,
 ) -> dict[str, list[int]]:
-    """One call per bucket; each pipe's positions (0: skipped, full)."""
+    """One call per bucket; each pipe's positions (0: skipped, full). A durable
+    publish, or one that must place its messages once (``exact``: message ids), marks
+    each call (:mod:`.settling`): should it fail, what it may have placed is taken back
+    for sure, in the background, and Unsettled raised at once."""
     by_tag: dict[str, list[str]] = defaultdict(list)
     for key in pipes:
         by_tag[engine.keys.tag(bucket(key))].append(key)
     now_ms = int(time.time() * 1000)
+    marked = durable or exact
 
     async def one(
         tag: str, here: list[str]
-    ) -> tuple[str, list[str], list[int], Unconfirmed | None, list[Any] | None]:
+    ) -> tuple[str, list[str], list[int] | None, Unconfirmed | None, list[Any] | None, str]:
         keys: list[Any] = []
         args: list[Any] = [tag, now_ms]
         heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
@@ -307,28 +318,38 @@ async def _place(
             heads = heads or (engine._mirror is not None and settings.overflow == "drop-oldest")
         if heads:
             args.append(1)
+        mark = f"{tag}:u:{next(engine.marks)}" if marked else ""
+        if mark:
+            keys.append(mark)
         command = ("FCALL", FUNCTIONS + "place", len(keys), *keys, *args)
         unsure: Unconfirmed | None = None
         try:
             reply = await engine.link.call(tag, *command, write=True, durable=durable)
-        except Unconfirmed as unconfirmed:  # placed, but no replica has it: taken back below
+        except Unconfirmed as unconfirmed:  # perhaps placed, unconfirmed: taken back below
+            if unconfirmed.results is None:  # not even its answer came
+                return tag, here, None, unconfirmed, None, mark
             unsure, reply = unconfirmed, unconfirmed.results[0]
         removed: list[Any] | None = None
         if heads:
             *reply, removed = reply
-        return tag, here, [int(r) for r in reply], unsure, removed
+        return tag, here, [int(r) for r in reply], unsure, removed, mark
 
     results = await asyncio.gather(
         *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
     )
     positions: dict[str, list[int]] = {}
     failure: BaseException | None = None
+    calls: list[settling.Call] = []  # (marked) those that may have placed copies
     for result in results:
         if isinstance(result, BaseException):
-            failure = failure or result
+            failure = failure or result  # refused: that bucket's call placed nothing
             continue
-        _tag, here, reply, unconfirmed, removed = result
+        tag, here, reply, unconfirmed, removed, mark = result
         failure = failure or unconfirmed
+        if mark:
+            calls.append(settling.Call(tag, mark, tuple(here)))
+        if reply is None:
+            continue
         at = 0
         for index, key in enumerate(here):
             engine.counters.dropped_oldest += reply[at]
@@ -338,6 +359,8 @@ async def _place(
                 mirror.dropped(engine, pipes[key], removed[index])
             at += 1 + count
     if failure is not None:
+        if calls and isinstance(failure, ServiceUnavailable):
+            raise settling.start(engine, failure, calls, targets) from failure
         records = {key: [items[index][1] for index in targets[key]] for key in positions}
         await _withdraw(engine, positions, records)
         raise failure
@@ -349,9 +372,11 @@ async def _place(
 async def _withdraw(
     engine: RedisEngine, positions: dict[str, list[int]], records: dict[str, list[bytes]]
 ) -> None:
-    """Take back the copies a failed publish placed (best effort: the store failing).
-    Each goes only if its position still holds its record: a master that failed over
-    may have issued that position again to another message, which stays."""
+    """Take back the copies a failed publish of non-persistent messages without ids
+    placed, as far as it knows them (best effort: the store failing; marked publishes
+    are settled instead). Each goes only if its position still holds its record: a
+    master that failed over may have issued that position again to another message,
+    which stays."""
     for key, got in positions.items():
         stream, state, tag = engine.keys.pipe(key)
         for position, record in zip(got, records[key], strict=True):
@@ -389,7 +414,7 @@ async def queued(engine: RedisEngine, feed: FeedRec) -> tuple[int, int]:
 
 
 async def _queueing(
-    engine: RedisEngine, feed: FeedRec, items: list[Item]
+    engine: RedisEngine, feed: FeedRec, items: list[Item], exact: bool = False
 ) -> tuple[list[int], int, bool, list[PipeRec | None]]:
     """F8: each message to the next join's pipe that has room, else to the queue. Each
     message's position, how many were queued, whether durably, and the pipe of each."""
@@ -403,7 +428,7 @@ async def _queueing(
         if waiting or left:
             position, pipe = 0, None
         else:
-            position, pipe = await _hand_out(engine, feed, item, durable)
+            position, pipe = await _hand_out(engine, feed, item, durable, exact)
         placed.append(position)
         pipes.append(pipe)
         if not position:
@@ -422,7 +447,7 @@ async def _queueing(
 
 
 async def _hand_out(
-    engine: RedisEngine, feed: FeedRec, item: Item, durable: bool
+    engine: RedisEngine, feed: FeedRec, item: Item, durable: bool, exact: bool = False
 ) -> tuple[int, PipeRec | None]:
     """Place one message in the pipe of the next join in turn that takes it: its
     position there and the pipe; 0 and None: none took it."""
@@ -435,7 +460,7 @@ async def _hand_out(
     for step in range(len(joins)):
         join = joins[(start + step) % len(joins)]
         pipe = engine.cache.pipes[join.pipe]
-        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable)
+        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable, exact)
         if got[pipe.key][0]:
             engine.counters.routed += 1
             return got[pipe.key][0], pipe

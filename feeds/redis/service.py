@@ -83,7 +83,7 @@ from ..service import (
     WebhookAttempts,
 )
 from ..store import stamps
-from . import admin, mirror, publishing, reading, resources, upkeep, webhooks
+from . import admin, claims, mirror, publishing, reading, resources, settling, upkeep, webhooks
 from . import settings as kept  # (not the pipes' Settings)
 from .catalogue import (
     Cache,
@@ -158,6 +158,9 @@ class RedisEngine:
         self._dead_letter = config.dead_letter_feed or ""
         self._events: Events | None = None
         self._announcing: set[asyncio.Task[None]] = set()
+        self._adopted: set[asyncio.Task[Any]] = set()  # failed publishes being settled
+        self.holding = claims.Holding()  # the message-id claims held, renewed
+        self.marks = settling.marks()
         if config.system_feed:
             system = cast("Feed", _SystemFeed(self.cache, config.system_feed))
             self._events = Events(system, self._announce, interval=config.events_interval)
@@ -186,6 +189,7 @@ class RedisEngine:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(upkeep.sweeper(self), name="redis-engine-sweeper"))
         self._tasks.append(loop.create_task(self.owners.run(), name="redis-engine-owners"))
+        self._tasks.append(loop.create_task(claims.renew(self), name="redis-engine-claims"))
 
     def shutdown(self) -> None:
         self._closing = True
@@ -203,6 +207,10 @@ class RedisEngine:
         self._closed = True
         if self._announcing:  # announcements on their way: a moment to land
             await asyncio.wait(list(self._announcing), timeout=1.0)
+        if self._adopted:  # failed publishes being settled: as long as a step may take
+            _done, left = await asyncio.wait(list(self._adopted), timeout=CLOSE_WAIT)
+            if left:
+                log.warning("closing the engine: %d failed publishes left unsettled", len(left))
         if self.owners.held or self.owners.solos:  # another node takes them at once
             try:
                 async with asyncio.timeout(CLOSE_WAIT):
@@ -214,7 +222,7 @@ class RedisEngine:
     async def _stop(self) -> None:
         """End the tasks and drop the connections, each step bounded: a close never
         hangs on a cluster that stopped answering."""
-        tasks, self._tasks = [*self._tasks, *self._announcing], []
+        tasks, self._tasks = [*self._tasks, *self._announcing, *self._adopted], []
         for task in tasks:
             task.cancel()
         if tasks:
@@ -256,6 +264,17 @@ class RedisEngine:
         self._announcing.add(task)
         task.add_done_callback(self._announcing.discard)
         return 1
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        """Keep ``task`` (work that outlives the call that started it) until it ends, or
+        the engine closes; its failure is logged."""
+        self._adopted.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        self._adopted.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a background task of the engine failed", exc_info=task.exception())
 
     def _unavailable(self) -> ServiceUnavailable:
         return ServiceUnavailable("the gateway is shutting down", retry_after=1)

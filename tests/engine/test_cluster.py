@@ -37,7 +37,7 @@ async def nodes(blockbuster: BlockBuster) -> AsyncIterator[tuple[RedisEngine, Re
     await forget_namespace(namespace)
 
 
-async def _joined(engine: RedisEngine, name: str) -> tuple[FeedInfo, PipeInfo]:
+async def joined_pipe(engine: RedisEngine, name: str) -> tuple[FeedInfo, PipeInfo]:
     """A fanout feed and a pipe joined to it, made on ``engine``."""
     feed = await new_feed(engine, name, "fanout")
     pipe = await new_pipe(engine)
@@ -49,7 +49,7 @@ async def test_a_read_waiting_on_one_node_wakes_for_a_publish_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    _feed, pipe = await _joined(first, "news")
+    _feed, pipe = await joined_pipe(first, "news")
     reader = asyncio.create_task(first.read(ME, pipe.key, 1, wait=5.0))
     await asyncio.sleep(0.05)
     assert not reader.done()
@@ -93,7 +93,7 @@ async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    feed, pipe = await _joined(first, "jobs")
+    feed, pipe = await joined_pipe(first, "jobs")
     await publish(first, feed, msg("job"))
     assert await first.read(ME, pipe.key, 1, lease=True) is not None
     await first.close()  # the node that leased it is gone: another sweeps its bucket
@@ -106,7 +106,7 @@ async def test_one_message_id_published_on_two_nodes_at_once_is_routed_once(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    feed, pipe = await _joined(first, "orders")
+    feed, pipe = await joined_pipe(first, "orders")
     for round_ in range(20):
         mid = f"m{round_}"
         both = await asyncio.gather(
@@ -121,7 +121,7 @@ async def test_a_resource_deleted_on_one_node_is_gone_on_the_other_at_once(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     first, second = nodes
-    feed, pipe = await _joined(first, "matrix")
+    feed, pipe = await joined_pipe(first, "matrix")
     (made,) = [j for j in (await first.pipe(ME, pipe.key)).joins if not j.is_default]
     assert (await second.join(ME, made.key)).key == made.key  # the other node knows it
     assert (await second.feed(ME, feed.key)).key == feed.key
@@ -147,7 +147,7 @@ async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     from feeds.redis.publishing import _withdraw
 
     first, _second = nodes
-    feed, pipe = await _joined(first, "withdrawn")
+    feed, pipe = await joined_pipe(first, "withdrawn")
     await publish(first, feed, msg("kept"))
     stream, _state, tag = first.keys.pipe(pipe.key)
     ((_id, fields),) = await first.link.call(tag, "XRANGE", stream, "0-1", "0-1")
