@@ -97,8 +97,10 @@ async def _settle(
     engine: RedisEngine, calls: list[Call], targets: dict[str, list[int]]
 ) -> dict[int, int] | None:
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + SETTLE_FOR
+    started = loop.time()
+    deadline = started + SETTLE_FOR
     kept: Counter[int] = Counter()
+    outcome: list[str] = []  # each pipe's fates
     left = list(calls)
     why = ""
     while True:
@@ -123,10 +125,17 @@ async def _settle(
                 continue
             left.remove(call)
             fates = answer.decode().split(",")
+            outcome += fates
             for pipe, fate in zip(call.pipes, fates, strict=True):
                 engine.counters.withdrawn += fate.count("t")
                 kept.update(i for i, f in zip(targets[pipe], fate, strict=False) if f == "g")
         if not left:
+            log.info(
+                "a failed publish is settled after %.1f s: %d copies taken back, %d gone before",
+                loop.time() - started,
+                sum(f.count("t") for f in outcome),
+                sum(kept.values()),
+            )
             return dict(kept)
         if loop.time() >= deadline:
             log.error(
