@@ -138,17 +138,28 @@ local MARK_TTL = 60
 
 -- KEYS: s1, h1, s2, h2, ..., and, for a publish that must be taken back exactly should
 -- it fail (a durable one, or one with message ids), its mark: a key of the bucket's
--- slot and of this publish alone. ARGV: channel, now, then per pipe: max_messages,
--- max_bytes, overflow, n, then n times: size, expires (0: never), record; then, only
--- with the traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then
--- each message's position (0: it did not fit, skipped); with the mirror on, then one
--- more item: per pipe, the heads (head) of those it dropped, the oldest first.
+-- slot and of this call alone. ARGV: channel, now, origin, then per pipe: max_messages,
+-- max_bytes, overflow, redeliveries (what each message placed there has had: 0 but for
+-- a hand-over), n, then n times: size, expires (0: never), record; then, only with the
+-- traffic mirror on, '1'. Returns per pipe: how many drop-oldest dropped, then each
+-- message's position (0: it did not fit, skipped); with the mirror on, then one more
+-- item: per pipe, the heads (head) of those it dropped, the oldest first.
+-- A message is one XADD: the counters of its pipe move once a call, by what it placed
+-- (each write of a function is a command in the AOF and to the replicas).
+-- The wake-up (SPUBLISH on the bucket's channel) names the pipes, then carries, per
+-- pipe, the first message placed when a reader may take it as it is (no expiry, no
+-- redelivery, none dropped in this call, at most CARRY bytes): "\n<origin>" once (the
+-- caller's, which wakes its own readers), then "\n<pipe> <position> <size> <length>
+-- \n<record>" each. Another node's reader waiting at that position is answered from it
+-- without reading the stream again (feeds/redis/reading.py).
 -- The mark records the positions placed (pipes by ',', positions by ' '), so settle
 -- finds them whether or not the caller heard the answer; a mark that exists already
 -- means settle came first: nothing is placed (error SETTLED).
+local CARRY = 8192
+
 local function place(keys, args)
-  local out, woken, dropped, marks = {}, {}, {}, {}
-  local a = 3
+  local out, woken, dropped, carried, marks = {}, {}, {}, {}, {}
+  local a = 4
   local marker = nil
   if #keys % 2 == 1 then
     marker = keys[#keys]
@@ -158,12 +169,15 @@ local function place(keys, args)
   end
   for k = 1, #keys - 1, 2 do
     local s, h = keys[k], keys[k + 1]
-    local maxm, maxb, overflow, n = num(args[a]), num(args[a + 1]), args[a + 2], num(args[a + 3])
-    a = a + 4
+    local maxm, maxb, overflow = num(args[a]), num(args[a + 1]), args[a + 2]
+    local redelivered, n = num(args[a + 3]), num(args[a + 4])
+    a = a + 5
     local at = #out + 1
     out[at] = 0
     local len = redis.call('XLEN', s)
     local bytes = num(redis.call('HGET', h, 'bytes'))
+    local last = num(redis.call('HGET', h, 'next'))
+    local placed, added, carry = 0, 0, nil
     for _ = 1, n do
       local size, expires, record = num(args[a]), args[a + 1], args[a + 2]
       a = a + 3
@@ -184,28 +198,47 @@ local function place(keys, args)
       if len >= maxm or bytes + size > maxb then
         out[#out + 1] = 0
       else
-        local pos = redis.call('HINCRBY', h, 'next', 1)
+        last = last + 1
         if expires ~= '0' then
-          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size, 'e', expires)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size, 'e', expires)
         else
-          redis.call('XADD', s, '0-' .. pos, 'm', record, 'z', size)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size)
         end
-        redis.call('HINCRBY', h, 'bytes', size)
+        if redelivered > 0 then
+          redis.call('HSET', h, 'r:' .. last, redelivered)
+        end
+        if placed == 0 and expires == '0' and redelivered == 0 and #record <= CARRY then
+          carry = {last, size, record}
+        end
+        placed = placed + 1
+        added = added + size
         len = len + 1
         bytes = bytes + size
-        out[#out + 1] = pos
+        out[#out + 1] = last
       end
+    end
+    if placed > 0 then
+      redis.call('HINCRBY', h, 'next', placed)
+      redis.call('HINCRBY', h, 'bytes', added)
     end
     redis.call('HINCRBY', h, 'ver', 1)
     woken[#woken + 1] = pipe_key(s)
     if marker then
       marks[#marks + 1] = table.concat(out, ' ', at + 1, #out)
     end
+    if carry and out[at] == 0 then
+      carried[#carried + 1] = '\n' .. pipe_key(s) .. ' ' .. carry[1] .. ' ' .. carry[2] .. ' '
+        .. #carry[3] .. '\n' .. carry[3]
+    end
   end
   if marker then
     redis.call('SET', marker, table.concat(marks, ','), 'EX', MARK_TTL)
   end
-  redis.call('SPUBLISH', args[1], table.concat(woken, ' '))
+  local news = table.concat(woken, ' ')
+  if #carried > 0 then
+    news = news .. '\n' .. args[3] .. table.concat(carried)
+  end
+  redis.call('SPUBLISH', args[1], news)
   if args[a] == '1' then -- the mirror's flag, after the last pipe's messages
     local heads = {}
     for pipe = 1, math.floor(#keys / 2) do

@@ -2,9 +2,10 @@
 library, a write made durable with ``WAIT``, and sharded pub/sub.
 
 Every command the engine sends names the key (or hash tag) whose slot it runs in, and
-goes to that slot's master on one pooled connection, with any ``WAIT`` after it on
-the same connection: ``WAIT`` counts the replicas that have this connection's writes,
-so sent on another connection it would confirm nothing. Redis errors become the
+goes to that slot's master on the connection all callers share; a durable write goes
+on a connection of its own with its ``WAIT`` right after it: ``WAIT`` counts the
+replicas that have this connection's writes, so sent on another connection it would
+confirm nothing. Redis errors become the
 engine's: a connection lost, a failover, a refused write (``NOREPLICAS``,
 ``READONLY``, ``CLUSTERDOWN``) is :class:`~restms.errors.ServiceUnavailable` (or, for
 a write the caller must not report, :class:`~restms.errors.NotCommitted`), never a
@@ -16,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import secrets
+import socket
+import ssl
+from collections import deque
+from collections.abc import Callable, Sequence
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 
+import hiredis
 import redis
 from redis import exceptions as rex
-from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import ClusterNode, PipelineCommand, RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import parse_url
 from redis.driver_info import DriverInfo
 
@@ -37,8 +41,21 @@ FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # read again.
 _MOVED = (rex.MovedError, rex.AskError, rex.TryAgainError, rex.ClusterDownError)
 _DOWN = (rex.ConnectionError, rex.TimeoutError, rex.ClusterError, rex.RedisClusterException)
-_LOST = (rex.ConnectionError, rex.TimeoutError, OSError)  # no answer: the command's fate unknown
 RETRY_AFTER = 1
+SOCKET_TIMEOUT = 5.0  # seconds a master may take to answer before it counts as gone
+# Bytes past which a batch goes on a connection of its own: Redis reads 16 KiB of a
+# connection at a time, so large batches (a 100-message publish) sharing one would be
+# read one after the other, a slice a turn of its loop.
+ALONE = 16 * 1024
+SPARE_KEPT = 32  # idle connections kept per master for batches alone (more are closed)
+# An error reply's first word -> the redirection or refusal it is (hiredis gives every
+# error reply as a plain ResponseError).
+_ERRORS: dict[str, type[rex.ResponseError]] = {
+    "MOVED": rex.MovedError,
+    "ASK": rex.AskError,
+    "TRYAGAIN": rex.TryAgainError,
+    "CLUSTERDOWN": rex.ClusterDownError,
+}
 # Given, so that redis-py does not look its version up in the package metadata (a file
 # read) each time a client is made on the event loop.
 DRIVER = DriverInfo(name="restms", lib_version=redis.__version__)
@@ -70,17 +87,184 @@ class Unconfirmed(NotCommitted):
         self.results = results
 
 
+# A batch on a connection: its callers' futures, how many replies it waits for, those
+# come so far, when it was sent.
+_Batch = tuple[list[asyncio.Future[list[Any]]], int, list[Any], float]
+
+
+def pack(commands: Sequence[tuple[Any, ...]]) -> bytes:
+    """Commands in the protocol's form (hiredis packs them)."""
+    if len(commands) == 1:
+        return cast("bytes", hiredis.pack_command(commands[0]))
+    return b"".join(map(hiredis.pack_command, commands))
+
+
+class Wire(asyncio.Protocol):
+    """One connection to one master, carrying many callers' commands at once: each
+    batch is written whole as it comes, its replies are parsed by hiredis and matched
+    to it in order. A reply later than ``timeout`` (a silent master) ends the
+    connection, and every batch waiting on it fails with a timeout; a lost connection
+    fails them with a connection error."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.transport: asyncio.Transport | None = None
+        self.reader = hiredis.Reader(replyError=rex.ResponseError)
+        # Per batch sent and not yet answered: its callers' futures, how many replies it
+        # waits for, those come so far, and when it was sent.
+        self.waiting: deque[_Batch] = deque()
+        self._unsent: dict[bytes, _Batch] = {}  # reads not written yet, that callers share
+        self.broken: BaseException | None = None
+        # A subscriber's connection hands every reply to this instead (pushed messages
+        # and confirmations alike), and is told when it breaks.
+        self.on_push: Callable[[Any], None] | None = None
+        self.on_broken: Callable[[], None] | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        self._out: list[bytes] = []  # written once the callers of this turn of the loop sent
+
+    @classmethod
+    async def open(cls, host: str, port: int, credentials: dict[str, Any], timeout: float) -> Wire:
+        loop = asyncio.get_running_loop()
+        tls = ssl.create_default_context() if credentials.get("connection_class") else None
+        try:
+            async with asyncio.timeout(timeout):
+                _transport, wire = await loop.create_connection(
+                    lambda: cls(timeout), host, port, ssl=tls
+                )
+                password = credentials.get("password")
+                if password is not None:
+                    user = credentials.get("username") or "default"
+                    (reply,) = await wire.send(pack([("AUTH", user, password)]), 1)
+                    if isinstance(reply, Exception):
+                        wire.close()
+                        raise reply
+        except (OSError, TimeoutError) as exc:
+            raise rex.ConnectionError(f"{host}:{port}: {exc}") from exc
+        return wire
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast("asyncio.Transport", transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send(self, data: bytes, count: int, share: bool = False) -> asyncio.Future[list[Any]]:
+        """Write ``count`` packed commands (:func:`pack`); the future of their replies,
+        in order (an error reply is a :class:`redis.exceptions.ResponseError` in its
+        place). ``share``: a read that callers asking for the same before it is
+        written share (its answer is as of a moment after each of them asked)."""
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        if self.broken is not None or self.transport is None:
+            future.set_exception(rex.ConnectionError("the connection to the master is gone"))
+            return future
+        if share:
+            joined = self._unsent.get(data)
+            if joined is not None:
+                joined[0].append(future)
+                return future
+        now = self._loop.time()
+        batch: _Batch = ([future], count, [], now)
+        self.waiting.append(batch)
+        if share:
+            self._unsent[data] = batch
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_at(now + self.timeout, self._watch)
+        if not self._out:
+            self._loop.call_soon(self._flush)
+        self._out.append(data)
+        return future
+
+    def write(self, command: tuple[Any, ...]) -> None:
+        """Write a command whose answer ``on_push`` takes (a subscriber's)."""
+        if self.broken is None and self.transport is not None:
+            self.transport.write(hiredis.pack_command(command))
+
+    def _flush(self) -> None:
+        """One write (and one read on the server's side) for the batches of many
+        callers: under load, a system call a batch was most of a command's cost."""
+        out, self._out = self._out, []
+        self._unsent.clear()
+        if self.transport is not None and self.broken is None:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        waiting = self.waiting
+        while (reply := reader.gets()) is not False:
+            if self.on_push is not None:
+                self.on_push(reply)
+                continue
+            if not waiting:
+                self._fail(rex.ConnectionError("a reply nothing was sent for"))
+                return
+            futures, count, replies, _sent = waiting[0]
+            replies.append(reply)
+            if len(replies) == count:
+                waiting.popleft()
+                for future in futures:
+                    if not future.done():  # (its caller may have given up)
+                        future.set_result(replies if len(futures) == 1 else list(replies))
+
+    def _watch(self) -> None:
+        self._watchdog = None
+        if not self.waiting or self.broken is not None:
+            return
+        due = self.waiting[0][3] + self.timeout
+        if self._loop.time() >= due:
+            self._fail(rex.TimeoutError(f"no answer from the master in {self.timeout} s"))
+        else:
+            self._watchdog = self._loop.call_at(due, self._watch)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(rex.ConnectionError(f"the connection to the master was lost: {exc}"))
+
+    def _fail(self, error: BaseException) -> None:
+        first = self.broken is None
+        if first:
+            self.broken = error
+        if self.transport is not None:
+            self.transport.abort()
+        broken = self.broken or error
+        waiting, self.waiting = self.waiting, deque()
+        for futures, _count, _replies, _sent in waiting:
+            for future in futures:
+                if not future.done():
+                    future.set_exception(broken)
+        if first and self.on_broken is not None:
+            self.on_broken()
+
+    def close(self) -> None:
+        self._fail(rex.ConnectionError("closed"))
+
+
 class Link:
-    """One engine's connections to the cluster."""
+    """One engine's connections to the cluster.
+
+    redis-py's cluster client knows the cluster's layout (which master serves which
+    slot, read again after a redirection or a lost master) and loads the library; the
+    commands themselves go on the engine's own connections (:class:`Wire`): one per
+    master that every caller shares, its batches written as they come, and, for a
+    batch with ``WAIT`` or a large one, one of its own for as long as the batch takes
+    (``WAIT`` holds its connection until a replica answers: on the shared one it
+    would hold every other caller's commands too; see ALONE for the large).
+    """
 
     def __init__(self, url: str, replicas: int = 1, wait_ms: int = 1000):
         self.cluster = RedisCluster.from_url(
             url,
             decode_responses=False,
             driver_info=DRIVER,
-            socket_timeout=5.0,
-            socket_connect_timeout=5.0,
+            socket_timeout=SOCKET_TIMEOUT,
+            socket_connect_timeout=SOCKET_TIMEOUT,
         )
+        self.callbacks = self.cluster.response_callbacks  # (SET's True, XRANGE's dicts)
+        self.origin = secrets.token_hex(6)  # names this engine's own wake-ups (library.lua)
+        self._shared: dict[str, Wire] = {}  # "host:port" -> the connection all share
+        # "host:port" -> idle connections for a batch alone (WAIT, or large)
+        self._spare: dict[str, list[Wire]] = {}
+        self._opening: dict[str, asyncio.Task[Wire]] = {}
         # How every master is reached besides its address (user, password, TLS): the
         # subscriber's own connections need them too.
         self.credentials: dict[str, Any] = {
@@ -107,57 +291,125 @@ class Link:
             raise unavailable(exc, write=False) from exc
 
     async def close(self) -> None:
+        for task in self._opening.values():
+            task.cancel()
+        for wire in [*self._shared.values(), *(w for s in self._spare.values() for w in s)]:
+            wire.close()
+        self._shared.clear()
+        self._spare.clear()
         with contextlib.suppress(rex.RedisError):
             await self.cluster.aclose()
 
     def node(self, key: str) -> ClusterNode:
-        node = self.cluster.get_node_from_key(key)
+        try:
+            node = self.cluster.get_node_from_key(key)
+        except rex.SlotNotCoveredError:
+            node = None
         if node is None:
             raise ServiceUnavailable("no node serves that slot now", retry_after=RETRY_AFTER)
         return node
 
-    async def call(self, key: str, *args: Any, write: bool = False, durable: bool = False) -> Any:
+    async def _wire(self, host: str, port: int) -> Wire:
+        """The shared connection to a master, opened once however many ask at once."""
+        name = f"{host}:{port}"
+        wire = self._shared.get(name)
+        if wire is not None and wire.broken is None:
+            return wire
+        task = self._opening.get(name)
+        if task is None:
+            task = asyncio.ensure_future(Wire.open(host, port, self.credentials, SOCKET_TIMEOUT))
+            self._opening[name] = task
+            task.add_done_callback(lambda _task: self._opening.pop(name, None))
+        wire = await asyncio.shield(task)
+        self._shared[name] = wire
+        return wire
+
+    async def _send(
+        self, host: str, port: int, commands: list[tuple[Any, ...]], durable: bool, share: bool
+    ) -> list[Any]:
+        if durable:
+            commands = [*commands, ("WAIT", self.replicas, self.wait_ms)]
+        data = pack(commands)
+        if not durable and len(data) <= ALONE:
+            wire = self._shared.get(f"{host}:{port}")
+            if wire is None or wire.broken is not None:
+                wire = await self._wire(host, port)
+            return await _answers(wire, data, len(commands), share)
+        name = f"{host}:{port}"
+        spare = self._spare.get(name, [])
+        while spare and spare[-1].broken is not None:  # (closed while it waited)
+            spare.pop()
+        if spare:
+            wire = spare.pop()
+        else:
+            wire = await Wire.open(host, port, self.credentials, SOCKET_TIMEOUT)
+        try:
+            return await _answers(wire, data, len(commands))
+        finally:
+            spare = self._spare.setdefault(name, [])
+            if wire.broken is None and not wire.waiting and len(spare) < SPARE_KEPT:
+                spare.append(wire)
+            else:
+                wire.close()  # (one a caller gave up on may yet answer it: not reused)
+
+    async def call(
+        self, key: str, *args: Any, write: bool = False, durable: bool = False, share: bool = False
+    ) -> Any:
         """One command in ``key``'s slot; with ``durable``, answered once a replica has
-        it too (``WAIT``), else NotCommitted."""
-        return (await self.batch(key, [args], write=write, durable=durable))[0]
+        it too (``WAIT``), else NotCommitted; with ``share`` (a read), the answer of
+        the same read another caller asked for, if it is not written yet."""
+        return (await self.batch(key, [args], write=write, durable=durable, share=share))[0]
 
     async def batch(
-        self, key: str, commands: list[tuple[Any, ...]], *, write: bool, durable: bool = False
+        self,
+        key: str,
+        commands: list[tuple[Any, ...]],
+        *,
+        write: bool,
+        durable: bool = False,
+        share: bool = False,
     ) -> list[Any]:
         """Commands in ``key``'s slot, on one connection, in order."""
         loop = asyncio.get_running_loop()
         started = loop.time()
+        asking: tuple[str, int] | None = None
         for attempt in (0, 1):
-            node = self.node(key)
-            sent = [PipelineCommand(i, *args) for i, args in enumerate(commands)]
-            if durable:
-                sent.append(PipelineCommand(len(sent), "WAIT", self.replicas, self.wait_ms))
+            if asking is None:
+                node = self.node(key)
+                host, port, sent = node.host, int(node.port), commands
+            else:  # the slot is on its way to another master, which takes this one
+                (host, port), sent = asking, [c for args in commands for c in (("ASKING",), args)]
             try:
-                await node.execute_pipeline(sent)
+                results = await self._send(host, port, sent, durable, share)
             except _DOWN as exc:
                 await self._refresh()
+                if write and isinstance(exc, _Unanswered):
+                    # Sent, and the connection failed before every answer came: the
+                    # master may have run the writes, or may run them yet (a stopped
+                    # one, once resumed).
+                    self._failed(durable)
+                    raise Unconfirmed(None) from exc
                 if write or attempt:
                     self._failed(durable)
                     raise unavailable(exc, write) from exc
                 continue
-            results = [command.result for command in sent]
-            if write and any(isinstance(r, _LOST) for r in results):
-                # Sent, and the connection failed before every answer came (redis-py
-                # keeps a read's failure as the command's result): the master may have
-                # run the writes, or may run them yet (a stopped one, once resumed).
-                await self._refresh()
-                self._failed(durable)
-                raise Unconfirmed(None)
+            if asking is not None:
+                results = results[1::2] if not durable else [*results[1:-1:2], results[-1]]
             error = next((r for r in results if isinstance(r, Exception)), None)
-            if isinstance(error, _MOVED) and not attempt:
-                await self._refresh()
-                continue
             if durable and error is not None and error is results[-1]:
-                # The writes were made, their WAIT failed (a stopped master resumed and
-                # turned replica answers a blocked WAIT "UNBLOCKED"): made, unconfirmed.
+                # The writes were made, but their WAIT failed (a master turned replica
+                # answers a blocked WAIT "UNBLOCKED"): made and not confirmed.
                 self._failed(durable)
                 raise Unconfirmed(results[:-1])
             if error is not None:
+                error = _error(error)
+                if isinstance(error, rex.AskError) and not isinstance(error, rex.MovedError):
+                    if not attempt:
+                        asking = (error.host, int(error.port))
+                        continue
+                elif isinstance(error, _MOVED) and not attempt:
+                    await self._refresh()
+                    continue
                 self._failed(durable)
                 # Still moving after the slot map was read again (a failover under way:
                 # CLUSTERDOWN, TRYAGAIN) is the store unavailable, as a refusal is.
@@ -167,12 +419,17 @@ class Link:
                 raise unavailable(error, write) from error
             if durable:
                 acked = results.pop()
-                if int(str(acked)) < self.replicas:
+                if int(acked) < self.replicas:
                     self._failed(durable)
                     raise Unconfirmed(results)
                 self.commits += 1
                 self.commit_seconds += loop.time() - started
                 self.failing = False
+            callbacks = self.callbacks
+            for index, args in enumerate(commands):
+                callback = callbacks.get(args[0])
+                if callback is not None:
+                    results[index] = callback(results[index])
             return results
         raise AssertionError("unreachable")
 
@@ -184,10 +441,42 @@ class Link:
     async def _refresh(self) -> None:
         with contextlib.suppress(rex.RedisError, OSError):
             await self.cluster.nodes_manager.initialize()
+        masters = {node.name for node in self.cluster.get_primaries()}
+        for name in [n for n in self._shared if n not in masters]:  # demoted, or gone
+            self._shared.pop(name).close()
+        for name in [n for n in self._spare if n not in masters]:
+            for wire in self._spare.pop(name):
+                wire.close()
 
     async def ping(self) -> None:
         for node in self.cluster.get_primaries():
             await self.cluster.execute_command("PING", target_nodes=node)
+
+
+class _Unanswered(rex.ConnectionError):
+    """Commands were sent and their answers did not come (the connection failed or the
+    master was silent past the timeout): whether they ran is unknown."""
+
+
+async def _answers(wire: Wire, data: bytes, count: int, share: bool = False) -> list[Any]:
+    """:meth:`Wire.send`, a failure after the commands were handed to the connection
+    being :class:`_Unanswered`."""
+    if wire.broken is not None:
+        raise rex.ConnectionError("the connection to the master is gone")  # (not sent)
+    try:
+        return await wire.send(data, count, share)
+    except (rex.ConnectionError, rex.TimeoutError) as exc:
+        raise _Unanswered(str(exc)) from exc
+
+
+def _error(error: Exception) -> Exception:
+    """An error reply as redis-py's error of its kind (a redirection, CLUSTERDOWN...)."""
+    if type(error) is not rex.ResponseError:
+        return error
+    text = str(error)
+    word, _, rest = text.partition(" ")
+    kind = _ERRORS.get(word)
+    return error if kind is None else kind(rest if kind in (rex.MovedError, rex.AskError) else text)
 
 
 def _refused(error: rex.ResponseError) -> bool:
@@ -199,20 +488,23 @@ def _refused(error: rex.ResponseError) -> bool:
 
 class Subscriber:
     """Sharded pub/sub: the channels this engine listens on, each on a connection to
-    its slot's master, and one reader task per master calling ``deliver(channel,
-    data)`` for each message. On a lost connection every channel is subscribed again
-    where its slot now lives, and ``lost()`` is called (a message may have been missed:
-    the waiters look again)."""
+    its slot's master (a :class:`Wire` whose every reply is a push), each message
+    handed to ``deliver(channel, data)`` as it is read, without a task in between. On
+    a lost connection, or a channel its master no longer serves (its slot moved, the
+    master became a replica: the server unsubscribes it), the channels are subscribed
+    again where their slots now live, and ``lost()`` is called (a message may have
+    been missed: the waiters look again)."""
 
     def __init__(self, link: Link, deliver: Callable[[str, bytes], None], lost: Callable[[], None]):
         self.link = link
         self.deliver = deliver
         self.lost = lost
         self.channels: dict[str, str] = {}  # channel -> node name
-        self._pubsubs: dict[str, PubSub] = {}
-        self._clients: dict[str, Redis] = {}
-        self._readers: dict[str, asyncio.Task[None]] = {}
+        self._wires: dict[str, Wire] = {}  # node name -> its subscribed connection
+        # Per connection, the subscriptions asked for and not yet confirmed, in order.
+        self._asked: dict[Wire, deque[tuple[bytes, asyncio.Future[None]]]] = {}
         self._lock = asyncio.Lock()
+        self._moving: set[asyncio.Task[None]] = set()
         self.closed = False
 
     async def subscribe(self, channel: str) -> None:
@@ -220,86 +512,102 @@ class Subscriber:
             if channel in self.channels:
                 return
             node = self.link.node(channel)
-            pubsub = self._pubsub(node)
-            await pubsub.ssubscribe(channel)
+            wire = self._wires.get(node.name)
+            if wire is None or wire.broken is not None:
+                wire = await self._open(node.name, node.host, int(node.port))
+            confirmed = asyncio.get_running_loop().create_future()
+            self._asked[wire].append((channel.encode(), confirmed))
+            wire.write(("SSUBSCRIBE", channel))
+            try:
+                async with asyncio.timeout(SOCKET_TIMEOUT):
+                    await confirmed
+            except TimeoutError as exc:
+                wire.close()
+                raise rex.TimeoutError("no answer to a subscription") from exc
             self.channels[channel] = node.name
 
     async def unsubscribe(self, channel: str) -> None:
         async with self._lock:
             name = self.channels.pop(channel, None)
-            pubsub = self._pubsubs.get(name or "")
-            if pubsub is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await pubsub.sunsubscribe(channel)
+            wire = self._wires.get(name or "")
+            if wire is not None and wire.broken is None:
+                wire.write(("SUNSUBSCRIBE", channel))  # its confirmation is not waited for
 
-    def _pubsub(self, node: ClusterNode) -> PubSub:
-        pubsub = self._pubsubs.get(node.name)
-        if pubsub is None:
-            client = self._clients[node.name] = Redis(
-                host=node.host, port=int(node.port), driver_info=DRIVER, **self.link.credentials
-            )
-            pubsub = client.pubsub()
-            self._pubsubs[node.name] = pubsub
-            self._readers[node.name] = asyncio.create_task(
-                self._read(node.name, pubsub), name=f"redis-pubsub-{node.name}"
-            )
-        return pubsub
+    async def _open(self, name: str, host: str, port: int) -> Wire:
+        wire = await Wire.open(host, port, self.link.credentials, SOCKET_TIMEOUT)
+        self._wires[name] = wire
+        self._asked[wire] = deque()
+        wire.on_push = lambda reply: self._pushed(wire, name, reply)
+        wire.on_broken = lambda: self._broken(wire, name)
+        return wire
 
-    async def _read(self, name: str, pubsub: PubSub) -> None:
-        while not self.closed:
-            try:
-                if not pubsub.subscribed:
-                    await asyncio.sleep(0.05)
-                    continue
-                message = await pubsub.get_message(timeout=1.0)
-            except (rex.RedisError, OSError):
-                if not self.closed:
-                    await self._resubscribe(name)
+    def _pushed(self, wire: Wire, name: str, reply: Any) -> None:
+        if isinstance(reply, list) and len(reply) == 3:
+            kind, channel, data = reply
+            if kind == b"smessage":
+                self.deliver(channel.decode(), data)
                 return
-            if message is None or message["type"] not in (b"smessage", "smessage"):
-                continue
-            channel = message["channel"]
-            if isinstance(channel, bytes):
-                channel = channel.decode()
-            self.deliver(channel, message["data"])
+            asked = self._asked.get(wire)
+            if kind == b"ssubscribe" and asked:
+                for index, (wanted, confirmed) in enumerate(asked):
+                    if wanted == channel:
+                        del asked[index]
+                        if not confirmed.done():
+                            confirmed.set_result(None)
+                        break
+                return
+            if kind == b"sunsubscribe":
+                text = channel.decode()
+                if self.channels.get(text) == name:  # not asked for: its slot moved
+                    del self.channels[text]
+                    self._move([text])
+                return
+        elif isinstance(reply, Exception):  # a subscription refused (MOVED, ...)
+            asked = self._asked.get(wire)
+            if asked:
+                _channel, confirmed = asked.popleft()
+                if not confirmed.done():
+                    confirmed.set_exception(_error(reply))
 
-    async def _resubscribe(self, name: str) -> None:
+    def _broken(self, wire: Wire, name: str) -> None:
         """Its master went: every channel it carried is subscribed again."""
-        async with self._lock:
-            pubsub = self._pubsubs.pop(name, None)
-            client = self._clients.pop(name, None)
-            self._readers.pop(name, None)
-            if pubsub is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-            if client is not None:
-                with contextlib.suppress(rex.RedisError, OSError):
-                    await client.aclose()
-            moved = [c for c, n in self.channels.items() if n == name]
-            for channel in moved:
-                del self.channels[channel]
-        await self.link._refresh()
+        for _channel, confirmed in self._asked.pop(wire, ()):
+            if not confirmed.done():
+                confirmed.set_exception(wire.broken or rex.ConnectionError("lost"))
+        if self._wires.get(name) is wire:
+            del self._wires[name]
+        if self.closed:
+            return
+        moved = [c for c, n in self.channels.items() if n == name]
         for channel in moved:
+            del self.channels[channel]
+        self._move(moved)
+
+    def _move(self, channels: list[str]) -> None:
+        task = asyncio.get_running_loop().create_task(self._resubscribe(channels))
+        self._moving.add(task)
+        task.add_done_callback(self._moving.discard)
+
+    async def _resubscribe(self, channels: list[str]) -> None:
+        await self.link._refresh()
+        for channel in channels:
             for _ in range(50):
                 try:
                     await self.subscribe(channel)
                     break
-                except (rex.RedisError, OSError):
+                except (rex.RedisError, OSError, ServiceUnavailable):
+                    if self.closed:
+                        return
                     await asyncio.sleep(0.1)
         self.lost()
 
     async def close(self) -> None:
         self.closed = True
-        readers, self._readers = list(self._readers.values()), {}
-        for task in readers:
+        for task in list(self._moving):
             task.cancel()
-        await asyncio.gather(*readers, return_exceptions=True)
-        for pubsub in self._pubsubs.values():
-            with contextlib.suppress(rex.RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-        for client in self._clients.values():
-            with contextlib.suppress(rex.RedisError, OSError):
-                await client.aclose()
-        self._pubsubs.clear()
-        self._clients.clear()
+        await asyncio.gather(*self._moving, return_exceptions=True)
+        for wire in list(self._wires.values()):
+            wire.close()
+        self._wires.clear()
+        self._asked.clear()
         self.channels.clear()

@@ -8,7 +8,7 @@ slot (``{<ns>:own}:hook:<pipe>``) holding the node's id and a **fencing token**:
 
 * Each node with a webhook listener (the gateway's delivery registry) takes, every
   ``renew`` seconds, the locks of webhook pipes nobody holds and renews those it holds,
-  in one function call (``restms_v5_own``); a lock lives ``ttl`` seconds unless
+  in one function call (the library's ``own``); a lock lives ``ttl`` seconds unless
   renewed. The listener hears of a pipe when the node takes it (start its worker)
   and when it loses it (stop it). A node that made a webhook pipe tries to take it at
   once. A node that stops frees its locks, so another takes its pipes in at most

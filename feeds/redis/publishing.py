@@ -43,7 +43,7 @@ from . import claims, mirror, settling
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy, Held
-from .values import encode_message
+from .values import Settings, encode_message
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -216,11 +216,10 @@ async def _fanout(
                     order.setdefault(index, []).append(join.pipe)
             joined[(join.pipe, index)] += 1
     pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
-    await _check_reject(engine, pipes, targets, items)
-    durable = any(items[i][3] for i in routed) or any(
-        engine.settings(p).durable for p in pipes.values()
-    )
-    positions = await _place(engine, pipes, targets, items, durable, exact)
+    settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
+    await _check_reject(engine, settings, targets, items)
+    durable = any(items[i][3] for i in routed) or any(s.durable for s in settings.values())
+    positions = await _place(engine, pipes, targets, items, durable, exact, settings=settings)
     took = dict.fromkeys(routed, 0)
     placements: list[Placed] = []
     for key, got in positions.items():
@@ -250,13 +249,15 @@ async def _fanout(
 
 
 async def _check_reject(
-    engine: RedisEngine, pipes: dict[str, PipeRec], targets: dict[str, list[int]], items: list[Item]
+    engine: RedisEngine,
+    pipes: dict[str, Settings],
+    targets: dict[str, list[int]],
+    items: list[Item],
 ) -> None:
     """Q2 "reject": a message larger than the pipe takes is 413; a pipe too full for
     what comes is 503 for the whole publish, before anything is placed."""
     asks: dict[str, list[Any]] = defaultdict(list)
-    for key, pipe in pipes.items():
-        settings = engine.settings(pipe)
+    for key, settings in pipes.items():
         if settings.overflow != "reject":
             continue
         sizes = [items[i][2] for i in targets[key]]
@@ -283,11 +284,17 @@ async def _place(
     items: list[Item],
     durable: bool,
     exact: bool = False,
+    redelivered: int = 0,
+    settings: dict[str, Settings] | None = None,
 ) -> dict[str, list[int]]:
-    """One call per bucket; each pipe's positions (0: skipped, full). A durable
-    publish, or one that must place its messages once (``exact``: message ids), marks
-    each call (:mod:`.settling`): should it fail, what it may have placed is taken back
-    for sure, in the background, and Unsettled raised at once."""
+    """One call per bucket; each pipe's positions (0: skipped, full). ``redelivered``:
+    the redeliveries the messages had (a leased message handed over), set with them;
+    ``settings``: each pipe's, when the caller has them. A durable publish, or one
+    that must place its messages once (``exact``: message ids), marks each call
+    (:mod:`.settling`): should it fail, what it may have placed is taken back for sure,
+    in the background, and Unsettled raised at once."""
+    if settings is None:
+        settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
     by_tag: dict[str, list[str]] = defaultdict(list)
     for key in pipes:
         by_tag[engine.keys.tag(bucket(key))].append(key)
@@ -298,16 +305,17 @@ async def _place(
         tag: str, here: list[str]
     ) -> tuple[str, list[str], list[int] | None, Unconfirmed | None, list[Any] | None, str]:
         keys: list[Any] = []
-        args: list[Any] = [tag, now_ms]
+        args: list[Any] = [tag, now_ms, engine.link.origin]
         heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
         for key in here:
             stream, state, _tag = engine.keys.pipe(key)
             keys += [stream, state]
-            settings = engine.settings(pipes[key])
+            limits = settings[key]
             args += [
-                settings.max_messages,
-                settings.max_bytes,
-                settings.overflow,
+                limits.max_messages,
+                limits.max_bytes,
+                limits.overflow,
+                redelivered,
                 len(targets[key]),
             ]
             for index in targets[key]:
@@ -315,7 +323,7 @@ async def _place(
                 ttl = spec.prop("expiration")
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
-            heads = heads or (engine._mirror is not None and settings.overflow == "drop-oldest")
+            heads = heads or (engine._mirror is not None and limits.overflow == "drop-oldest")
         if heads:
             args.append(1)
         mark = f"{tag}:u:{next(engine.marks)}" if marked else ""
@@ -334,9 +342,17 @@ async def _place(
             *reply, removed = reply
         return tag, here, [int(r) for r in reply], unsure, removed, mark
 
-    results = await asyncio.gather(
-        *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
-    )
+    results: list[Any]
+    if len(by_tag) == 1:  # (most publishes: no gather, no task)
+        ((tag, here),) = by_tag.items()
+        try:
+            results = [await one(tag, here)]
+        except BaseException as exc:  # as gather's return_exceptions: taken back below
+            results = [exc]
+    else:
+        results = await asyncio.gather(
+            *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
+        )
     positions: dict[str, list[int]] = {}
     failure: BaseException | None = None
     calls: list[settling.Call] = []  # (marked) those that may have placed copies
@@ -517,13 +533,10 @@ async def hand_over(
     item: Item = (spec, data, size, persistent(spec))
     for join in others:
         target = engine.cache.pipes[join.pipe]
-        got = await _place(engine, {target.key: target}, {target.key: [0]}, [item], item[3])
-        placed = got[target.key][0]
-        if placed:
-            _s, target_state, target_tag = engine.keys.pipe(target.key)
-            await engine.link.call(
-                target_tag, "HSET", target_state, f"r:{placed}", times, write=True
-            )
+        got = await _place(
+            engine, {target.key: target}, {target.key: [0]}, [item], item[3], redelivered=times
+        )
+        if got[target.key][0]:
             return
     await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
 

@@ -143,7 +143,7 @@ class RedisEngine:
         self.stamps = stamps()  # the origin stamps of the messages this node publishes
         self._sweep_interval = sweep_interval
         self._subscriber = Subscriber(self.link, self._heard, self._lost)
-        self._waiters: dict[str, set[asyncio.Future[bool]]] = defaultdict(set)
+        self._waiters: dict[str, set[asyncio.Future[Any]]] = defaultdict(set)
         self._watching_catalogue: set[asyncio.Future[bool]] = set()
         self._listening: set[int] = set()
         self._leased_buckets: set[int] = set()
@@ -285,8 +285,7 @@ class RedisEngine:
             if int(data or 0) > self.cache.version and not self._closing:
                 self._background(self._sync())
             return
-        for pipe in data.decode().split():
-            self._wake(pipe)
+        reading.heard(self, data)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` beside the calls (reading news): tracked, ended by close, its
@@ -309,10 +308,12 @@ class RedisEngine:
         if not self._closing:
             self._background(self._sync())
 
-    def _wake(self, pipe: str) -> None:
+    def _wake(self, pipe: str, woken: Any = True) -> None:
+        """``woken``: what the waiters' futures are given (a message the wake-up
+        carried: :func:`.reading.carried`)."""
         for future in self._waiters.pop(pipe, ()):
             if not future.done():
-                future.set_result(True)
+                future.set_result(woken)
 
     async def _sync(self) -> None:
         """Read the catalogue's news since the version cached."""
@@ -388,8 +389,9 @@ class RedisEngine:
         raise ServiceUnavailable("the catalogue is too busy to change now; retry", retry_after=1)
 
     async def _fresh(self) -> None:
-        """Catch up when the catalogue moved on (a cheap version check)."""
-        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v")
+        """Catch up when the catalogue moved on (a cheap version check, shared by the
+        calls that ask before it is sent)."""
+        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v", share=True)
         if int(version or 0) != self.cache.version:
             await self._sync()
 
@@ -647,12 +649,12 @@ class RedisEngine:
             await self._subscriber.subscribe(self.keys.tag(index))
             self._listening.add(index)
 
-    def _watch(self, pipe: str) -> asyncio.Future[bool]:
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+    def _watch(self, pipe: str) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiters[pipe].add(future)
         return future
 
-    def _unwatch(self, pipe: str, future: asyncio.Future[bool]) -> None:
+    def _unwatch(self, pipe: str, future: asyncio.Future[Any]) -> None:
         waiters = self._waiters.get(pipe)
         if waiters is not None:
             waiters.discard(future)
@@ -702,6 +704,11 @@ class RedisEngine:
                     raise self._unavailable()
                 if pipe not in self.cache.pipes:
                     raise NotFound(HIDDEN)
+                woken = reading.carried(pipe, position, future)
+                if woken is not None:
+                    if lease:
+                        await self._lease(found, woken)
+                    return woken
             finally:
                 if future is not None:
                     self._unwatch(pipe, future)

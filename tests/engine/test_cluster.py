@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from blockbuster import BlockBuster
@@ -15,6 +16,7 @@ from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
 from feeds.service import FeedInfo, PipeInfo
 from restms.errors import NotFound
+from restms.specs import EmbeddedContent, MessageSpec
 from tests.nodes import CLUSTER_URL
 
 from .conftest import SWEEP, forget_namespace
@@ -60,6 +62,50 @@ async def test_a_read_waiting_on_one_node_wakes_for_a_publish_on_the_other(
     assert (got.position, text(got)) == (1, "across")
     assert await second.ack(ME, pipe.key, 1) == 1
     assert await texts(first, pipe) == []
+
+
+@pytest.mark.parametrize(
+    ("batch", "carried"),
+    [
+        ((msg("one", "a.b", headers=(("h", "v"),), mid="m1"),), True),
+        ((msg("first"), msg("second"), msg("third")), True),  # the first is carried
+        ((msg("expires", expiration=60_000),), False),  # a reader must check its expiry
+        ((msg("x" * 9000),), False),  # larger than a wake-up carries
+    ],
+)
+async def test_a_read_woken_across_nodes_is_answered_as_the_stream_holds_it(
+    nodes: tuple[RedisEngine, RedisEngine], batch: tuple[MessageSpec, ...], carried: bool
+) -> None:
+    """The wake-up of a place carries its first message (library.lua, place): the
+    reader waiting for it on another node is answered from it, and what it gets is
+    what reading the stream gives."""
+    first, second = nodes
+    _feed, pipe = await joined_pipe(first, "carried")
+    reads = 0
+    ranged = first._range
+
+    async def counted(*args: Any, **kwargs: Any) -> list[Any]:
+        nonlocal reads
+        reads += 1
+        return await ranged(*args, **kwargs)
+
+    first._range = counted  # type: ignore[method-assign]
+    reader = asyncio.create_task(first.read(ME, pipe.key, 1, wait=5.0))
+    await asyncio.sleep(0.05)
+    assert not reader.done()
+    assert reads == 1
+    assert await publish(second, await second.feed(ME, "carried"), *batch) == [1] * len(batch)
+    got = await asyncio.wait_for(reader, 2.0)
+    assert reads == (1 if carried else 2)
+    assert got == await second.look(ME, pipe.key, 1)
+    assert got is not None
+    sent = batch[0]
+    assert (got.spec.address, got.spec.props, got.spec.headers) == (
+        sent.address,
+        sent.props,
+        sent.headers,
+    )
+    assert [text(got)] == [c.value for c in sent.contents if isinstance(c, EmbeddedContent)]
 
 
 async def test_a_change_on_one_node_reaches_the_others_cache(

@@ -32,7 +32,6 @@ async def engine(blockbuster: BlockBuster) -> AsyncIterator[RedisEngine]:
     namespace = f"restms-test-{secrets.token_hex(6)}"
     made = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=namespace, sweep_interval=SWEEP)
     await made.start()
-    made.link.wait_ms = 100  # the confirmation that never comes: not a second's wait
     yield made
     await made.close()
     await forget_namespace(namespace)
@@ -40,10 +39,11 @@ async def engine(blockbuster: BlockBuster) -> AsyncIterator[RedisEngine]:
 
 def unconfirmable(engine: RedisEngine) -> None:
     engine.link.replicas = 2  # each master has one: WAIT 2 answers 1
+    engine.link.wait_ms = 100  # (the confirmation that never comes: not a second's wait)
 
 
 def confirmable(engine: RedisEngine) -> None:
-    engine.link.replicas = 1
+    engine.link.replicas, engine.link.wait_ms = 1, 1000
 
 
 async def test_an_unconfirmed_publish_is_taken_back_and_its_id_held_until_then(
@@ -82,11 +82,9 @@ async def test_settling_takes_back_what_is_there_and_answers_the_same_when_asked
         second = await new_pipe(engine)  # (one bucket in 64)
     (s1, h1, tag), (s2, h2, _tag) = engine.keys.pipe(first.key), engine.keys.pipe(second.key)
     mark = f"{tag}:u:test"
-    per_pipe = (100, 10_000, "reject", 1, 3, 0, b"abc")
-    placed = await engine.link.call(
-        tag, "FCALL", FUNCTIONS + "place", 5, s1, h1, s2, h2, mark, tag, 0, *per_pipe, *per_pipe,
-        write=True, durable=True,
-    )  # fmt: skip
+    per_pipe = (100, 10_000, "reject", 0, 1, 3, 0, b"abc")
+    place = ("FCALL", FUNCTIONS + "place", 5, s1, h1, s2, h2, mark, tag, 0, "test")
+    placed = await engine.link.call(tag, *place, *per_pipe, *per_pipe, write=True, durable=True)
     assert placed == [0, 1, 0, 1]
     assert await engine.ack(ME, first.key, 1) == 1
     for _ in range(2):
@@ -109,9 +107,9 @@ async def test_a_place_that_reaches_the_master_after_its_settling_places_nothing
         tag, "FCALL", FUNCTIONS + "settle", 3, mark, stream, state, tag, write=True, durable=True
     )
     assert settled == b""  # nothing was placed there
-    place = ("FCALL", FUNCTIONS + "place", 3, stream, state, mark, tag, 0)
+    place = ("FCALL", FUNCTIONS + "place", 3, stream, state, mark, tag, 0, "test")
     with pytest.raises(NotCommitted):
-        await engine.link.call(tag, *place, 10, 1000, "drop-oldest", 1, 3, 0, b"abc", write=True)
+        await engine.link.call(tag, *place, 10, 1000, "reject", 0, 1, 3, 0, b"abc", write=True)
     assert await texts(engine, pipe) == []
     await engine.publish(ME, feed.key, [msg("next")])  # the next publish's position: 1
     assert await positions(engine, pipe) == [1]
