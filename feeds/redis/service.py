@@ -38,6 +38,8 @@ from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from redis.exceptions import RedisError
+
 from restms.errors import (
     BadRequest,
     NotFound,
@@ -95,7 +97,7 @@ from .catalogue import (
     bucket,
 )
 from .cursor import RedisCursor
-from .link import FUNCTIONS, Link, Subscriber
+from .link import FUNCTIONS, Link, Subscriber, unavailable
 from .owners import Owners
 from .values import (
     Figures,
@@ -646,7 +648,10 @@ class RedisEngine:
 
     async def _listen(self, index: int) -> None:
         if index not in self._listening:
-            await self._subscriber.subscribe(self.keys.tag(index))
+            try:
+                await self._subscriber.subscribe(self.keys.tag(index))
+            except (RedisError, OSError) as exc:  # (its master gone, or moving): 503
+                raise unavailable(exc, write=False) from exc
             self._listening.add(index)
 
     def _watch(self, pipe: str) -> asyncio.Future[Any]:
