@@ -36,10 +36,11 @@ import contextlib
 import logging
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
-from feeds.service import Blob, Cursor, Message
+from feeds.service import Blob, Cursor, Message, Part
 from restms.errors import RestMSError
 from restms.specs import EmbeddedContent, MessageSpec, PipeSpec
 
@@ -51,13 +52,20 @@ from .trail import onward, with_origin_id
 
 log = logging.getLogger(__name__)
 
-# messages taken from the link's pipe, and what the remote is sent of each
-Batch = tuple[list[Message], list[tuple[Message, MessageSpec]]]
 
 PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
 # Refusals that say nothing of the message: the remote feed is not there, or the link
 # may not publish to it. Messages wait for the remote (or its operator) to change.
 NOT_THE_MESSAGE = frozenset({403, 404})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Prepared:
+    """A batch taken from a push link's pipe, ready to send."""
+
+    taken: list[Message]  # in the pipe's order
+    outgoing: list[tuple[Message, MessageSpec]]  # those that travel, as the remote gets them
+    encoded: bytes  # the publish document of ``outgoing``
 
 
 @dataclass(slots=True)
@@ -89,6 +97,7 @@ class FederationLink(PipeSide, PublishSide[int]):
         self._task: asyncio.Task[None] | None = None
         self._oldest: float | None = None  # arrival of the oldest message not yet sent
         self._holding = 0  # pull: messages read from the remote, not yet acknowledged there
+        self._unacked = 0  # push: messages the remote took, not yet acknowledged here
         self.health.url = config.display_urls[0]
 
     # ------------------------------------------------------------ Bridge interface
@@ -133,6 +142,8 @@ class FederationLink(PipeSide, PublishSide[int]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        with contextlib.suppress(RestMSError):  # else they are sent again after a restart
+            await self._settle()
         await self._close_pipe()
         remote, self._remote = self._remote, None
         if remote is not None:
@@ -141,7 +152,7 @@ class FederationLink(PipeSide, PublishSide[int]):
             if self.health.state.name != "stopping":
                 self.health.state.move("stopping")
             self.health.state.move("stopped")
-        self._holding = 0
+        self._holding = self._unacked = 0
         self._oldest = None
 
     async def forget(self) -> None:
@@ -196,6 +207,9 @@ class FederationLink(PipeSide, PublishSide[int]):
     def _pipe_join(self) -> tuple[str, str, tuple[tuple[str, str], ...]]:
         return (self.config.feed, self.config.address, self.config.headers)
 
+    def _pipe_changed(self) -> None:
+        self._unacked = 0  # what the remote took went with the old pipe
+
     # ------------------------------------------------------------ the link's state
     def _up(self) -> None:
         state = self.health.state
@@ -240,27 +254,56 @@ class FederationLink(PipeSide, PublishSide[int]):
 
     # ------------------------------------------------------------ push
     async def _push(self) -> None:
+        """Send the pipe's batches one request at a time, in order. While the remote
+        works on one, the next is taken, converted and encoded and the one before is
+        acknowledged here: this gateway's share of the work overlaps the remote's, and
+        the remote finds the next request ready when it answers."""
         if not await self._reach():
             return
+        ready: Prepared | None = None  # the next batch, taken while the last was out
         while not self._stopping:
             cursor = await self._ready_pipe()
             if cursor is None:
+                ready = None
                 continue
-            current = await self._prepare(cursor)
-            self._oldest = current[0][0].arrived if current else None
+            current = ready or await self._prepare(cursor)
+            ready = None
             if current is None:
+                await self._settle()
+                self._oldest = None
                 await self._idle(cursor, self.config.batch)
                 continue
-            batch, outgoing = current
-            if not await self._deliver(outgoing):
+            self._oldest = current.taken[0].arrived
+            sending = asyncio.ensure_future(self._deliver(current))
+            try:
+                # The request goes out first (the task runs until it waits for the
+                # reply): the engine calls below may finish without ever yielding.
+                await asyncio.sleep(0)
+                await self._settle()
+                if not self._look:  # (a pipe to look at again: its cursor may change)
+                    ready = await self._prepare(cursor)
+                delivered = await sending
+            finally:
+                if not sending.done():
+                    sending.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await sending
+            if not delivered:
                 return  # stopping: what was taken is taken again after a restart
-            self.counters.acked += len(batch)
-            self._after = batch[-1].position
-            await self._ack_upto(self._after)
+            self._after = current.taken[-1].position
+            self._unacked += len(current.taken)
 
-    async def _prepare(self, cursor: Cursor) -> Batch | None:
+    async def _settle(self) -> None:
+        """Acknowledge here what the remote has taken (:meth:`_push` does it while the
+        next batch is out, or before the link waits for more)."""
+        done, self._unacked = self._unacked, 0
+        if done:
+            await self._ack_upto(self._after)
+            self.counters.acked += done
+
+    async def _prepare(self, cursor: Cursor) -> Prepared | None:
         """The next messages of the pipe (None: none now), with what the remote is to
-        be sent of each (those that must not travel are counted and left out)."""
+        be sent of each (those that must not travel are counted and left out), encoded."""
         try:
             batch = await self._batch(cursor, self.config.batch)
         except RestMSError as exc:  # the pipe went, or the engine cannot answer now
@@ -276,18 +319,26 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.counters.looped += 1
             else:
                 outgoing.append((message, spec))
-        return batch, outgoing
+        remote = self._remote
+        assert remote is not None
+        encoded = remote.encode([spec for _, spec in outgoing]) if outgoing else b""
+        return Prepared(taken=batch, outgoing=outgoing, encoded=encoded)
 
-    async def _deliver(self, outgoing: list[tuple[Message, MessageSpec]]) -> bool:
-        """Send ``outgoing`` until the remote has all of it; False when stopping first."""
+    async def _deliver(self, batch: Prepared) -> bool:
+        """Send the batch until the remote has all of it; False when stopping first."""
         attempt = 0
+        outgoing = batch.outgoing
+        encoded: bytes | None = batch.encoded
         while outgoing and not self._stopping:
             try:
-                outgoing = await self._send(outgoing)
+                left = await self._send(outgoing, encoded)
             except RemoteError as exc:
                 attempt += 1
                 self.counters.retried += 1
                 await self._failed(exc, attempt)
+                continue
+            if left is not outgoing:
+                outgoing, encoded = left, None  # (a part left: encoded anew)
         return not self._stopping
 
     def _outgoing(self, message: Message) -> MessageSpec | None:
@@ -299,26 +350,22 @@ class FederationLink(PipeSide, PublishSide[int]):
         )  # fmt: skip
         if headers is None:
             return None
-        contents = []
-        for part in message.parts:
-            if isinstance(part, Blob):
-                contents.append(EmbeddedContent.of(part.data, part.content_type))
-            elif part is not None:
-                contents.append(part)
+        parts = message.parts
+        contents = parts if _all_embedded(parts) else tuple(_embedded(parts))
         props = with_origin_id(spec.props, own=own, feed=feed, stamp=message.stamp)
-        return MessageSpec(
-            address=spec.address, props=props, headers=headers, contents=tuple(contents)
-        )
+        return MessageSpec(address=spec.address, props=props, headers=headers, contents=contents)
 
     async def _send(
-        self, outgoing: list[tuple[Message, MessageSpec]]
+        self, outgoing: list[tuple[Message, MessageSpec]], encoded: bytes | None = None
     ) -> list[tuple[Message, MessageSpec]]:
-        """Publish ``outgoing`` to the remote; what is left to send (nothing, unless it
-        raises :class:`RemoteError` for the link to retry)."""
+        """Publish ``outgoing`` to the remote (``encoded``: its document, when made
+        already); what is left to send (nothing, unless it raises
+        :class:`RemoteError` for the link to retry)."""
         remote = self._remote
         assert remote is not None
+        specs = [spec for _, spec in outgoing]
         try:
-            duplicates = await remote.publish(self.config.remote, [spec for _, spec in outgoing])
+            duplicates = await remote.publish(self.config.remote, specs, encoded)
         except Refused as exc:
             if exc.status in NOT_THE_MESSAGE:
                 raise  # every message would be refused alike: the link waits, retrying
@@ -478,3 +525,17 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.counters.retried += 1
                 await self._failed(exc, attempt)
         return False
+
+
+def _all_embedded(parts: tuple[Part, ...]) -> TypeGuard[tuple[EmbeddedContent, ...]]:
+    """Whether the parts go as they are (most do: published embedded, none deleted)."""
+    return all(type(part) is EmbeddedContent for part in parts)
+
+
+def _embedded(parts: tuple[Part, ...]) -> Iterator[EmbeddedContent]:
+    """A message's parts as the remote is sent them: bytes embedded, deleted ones left out."""
+    for part in parts:
+        if isinstance(part, Blob):
+            yield EmbeddedContent.of(part.data, part.content_type)
+        elif part is not None:
+            yield part

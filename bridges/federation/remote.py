@@ -81,9 +81,16 @@ class Remote(Protocol):
     async def gateway_id(self, feed_url: str) -> str | None:
         """The id of the gateway serving ``feed_url``; None when it does not say."""
 
-    async def publish(self, feed_url: str, messages: Sequence[MessageSpec]) -> list[bool]:
-        """Publish ``messages`` (contents embedded) in one request; for each, whether
-        the remote had it already (a duplicate)."""
+    def encode(self, messages: Sequence[MessageSpec]) -> bytes:
+        """The body :meth:`publish` sends for ``messages`` (no I/O: a link encodes the
+        next batch while the remote works on the last)."""
+
+    async def publish(
+        self, feed_url: str, messages: Sequence[MessageSpec], encoded: bytes | None = None
+    ) -> list[bool]:
+        """Publish ``messages`` (contents embedded) in one request, sending ``encoded``
+        (:meth:`encode` of them) when given; for each, whether the remote had it
+        already (a duplicate)."""
 
     async def create_pipe(self, feed_url: str, title: str) -> str:
         """A new durable pipe without lease near the feed ``feed_url``: its URL."""

@@ -20,9 +20,11 @@ two paths (a diamond), carries the same id every time.
 
 from __future__ import annotations
 
+import functools
 import urllib.parse
 
 TRAIL = "x-restms-trail"
+MESSAGE_ID = "message_id"
 MAX_TRAIL = 4096  # characters: a trail past this is not one of ours, and not forwarded
 
 
@@ -48,22 +50,35 @@ def onward(
     """A message's ``headers`` as gateway ``own`` sends it on from its ``feed`` to
     gateway ``remote`` (None: not known yet), the trail extended; None when it must not
     go there (see the module docstring)."""
-    held = next((value for name, value in headers if name == TRAIL), None)
-    if held is not None and len(held) > MAX_TRAIL:
+    held = None
+    for name, value in headers:
+        if name == TRAIL:
+            held = value
+            break
+    if held is None:  # published here, the commonest by far: no trail to read
+        return (*headers, (TRAIL, entry(own, feed))) if max_hops > 0 else None
+    if len(held) > MAX_TRAIL:
         return None
     passed = trail(headers)
     if len(passed) >= max_hops:
         return None
     if any(gateway in (own, remote) for gateway, _ in passed):
         return None
-    step = f"{own}/{urllib.parse.quote(feed, safe='')}"
-    extended = f"{held},{step}" if held else step
+    extended = f"{held},{entry(own, feed)}" if held else entry(own, feed)
     return (*((n, v) for n, v in headers if n != TRAIL), (TRAIL, extended))
 
 
 def with_origin_id(props: Props, *, own: str, feed: str, stamp: str) -> Props:
     """A message's properties with a ``message_id`` made at its origin when they have
     none (the module docstring); ``message_id`` is the first property in their order."""
-    if any(name == "message_id" for name, _ in props):
-        return props
-    return (("message_id", f"{own}/{urllib.parse.quote(feed, safe='')}/{stamp}"), *props)
+    for name, _ in props:
+        if name == "message_id":
+            return props
+    return ((MESSAGE_ID, f"{entry(own, feed)}/{stamp}"), *props)
+
+
+@functools.lru_cache(maxsize=256)
+def entry(gateway: str, feed: str) -> str:
+    """``<gateway>/<feed>``, the feed's name percent-encoded: a trail entry, and the
+    start of the ids made at an origin (a link asks for its own on every message)."""
+    return f"{gateway}/{urllib.parse.quote(feed, safe='')}"

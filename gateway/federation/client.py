@@ -131,9 +131,16 @@ class HttpRemote:
                 self._session = None
 
     # ------------------------------------------------------------ the operations
-    async def publish(self, feed_url: str, messages: Sequence[MessageSpec]) -> list[bool]:
-        """POST one JSON message document (contents embedded); one entry per message:
-        True when the remote said it was a duplicate (duplicate="1"), False otherwise."""
+    def encode(self, messages: Sequence[MessageSpec]) -> bytes:
+        """The JSON message document :meth:`publish` sends."""
+        return wire.message_document(messages)
+
+    async def publish(
+        self, feed_url: str, messages: Sequence[MessageSpec], encoded: bytes | None = None
+    ) -> list[bool]:
+        """POST one JSON message document (contents embedded), ``encoded`` when given;
+        one entry per message: True when the remote said it was a duplicate
+        (duplicate="1"), False otherwise."""
         if not messages:
             return []
         if self._tracer is not None:  # each message's hop a span, its context carried on
@@ -143,7 +150,8 @@ class HttpRemote:
                 for spec in messages
             ]
         where = f"POST {redact(feed_url)}"
-        reply = await self._call("POST", feed_url, wire.message_document(messages))
+        document = wire.message_document(messages) if encoded is None else encoded
+        reply = await self._call("POST", feed_url, document)
         wire.check(reply, where)
         entries = wire.publish_reply(reply, where)
         if len(entries) != len(messages):
