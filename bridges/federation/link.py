@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -42,7 +43,14 @@ from typing import Any, TypeGuard
 
 from feeds.service import Blob, Cursor, Message, Part
 from restms.errors import RestMSError
-from restms.specs import EmbeddedContent, MessageSpec, PipeSpec
+from restms.specs import (
+    EmbeddedContent,
+    MessageLimits,
+    MessageSpec,
+    PipeSpec,
+    checked_message,
+    head_size,
+)
 
 from ..base import CoreCounters, Host, backoff
 from ..common import PipeSide, PublishSide, bridge_pipe_spec
@@ -57,6 +65,10 @@ PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
 # Refusals that say nothing of the message: the remote feed is not there, or the link
 # may not publish to it. Messages wait for the remote (or its operator) to change.
 NOT_THE_MESSAGE = frozenset({403, 404})
+# A message that was published here is within this gateway's limits already.
+_UNBOUNDED = MessageLimits(
+    max_messages=1, max_headers=sys.maxsize, max_contents=sys.maxsize, max_header_bytes=sys.maxsize
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -343,17 +355,10 @@ class FederationLink(PipeSide, PublishSide[int]):
 
     def _outgoing(self, message: Message) -> MessageSpec | None:
         """The message as the remote is sent it, or None when it must not travel."""
-        spec, own, feed = message.spec, self._gateway_id, self.config.feed
-        headers = onward(
-            spec.headers, own=own, feed=feed, remote=self._remote_id or None,
-            max_hops=self.config.max_hops,
+        return outgoing(
+            message, own=self._gateway_id, feed=self.config.feed,
+            remote=self._remote_id or None, max_hops=self.config.max_hops,
         )  # fmt: skip
-        if headers is None:
-            return None
-        parts = message.parts
-        contents = parts if _all_embedded(parts) else tuple(_embedded(parts))
-        props = with_origin_id(spec.props, own=own, feed=feed, stamp=message.stamp)
-        return MessageSpec(address=spec.address, props=props, headers=headers, contents=contents)
 
     async def _send(
         self, outgoing: list[tuple[Message, MessageSpec]], encoded: bytes | None = None
@@ -525,6 +530,26 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.counters.retried += 1
                 await self._failed(exc, attempt)
         return False
+
+
+def outgoing(
+    message: Message, *, own: str, feed: str, remote: str | None, max_hops: int
+) -> MessageSpec | None:
+    """``message``, taken from the pipe of a push link of gateway ``own`` joined to its
+    ``feed``, as gateway ``remote`` is sent it (:mod:`.trail`: the trail extended, a
+    ``message_id`` made when it has none, contents embedded); None when it must not
+    travel there."""
+    spec = message.spec
+    headers = onward(spec.headers, own=own, feed=feed, remote=remote, max_hops=max_hops)
+    if headers is None:
+        return None
+    parts = message.parts
+    contents = parts if _all_embedded(parts) else tuple(_embedded(parts))
+    props = with_origin_id(spec.props, own=own, feed=feed, stamp=message.stamp)
+    # Built from parts checked when the message was published here, so without the
+    # checks of MessageSpec(): they were most of a batch's conversion.
+    head = (spec.address, props, head_size(spec.address, props, ()))
+    return checked_message(head, list(headers), list(contents), _UNBOUNDED)
 
 
 def _all_embedded(parts: tuple[Part, ...]) -> TypeGuard[tuple[EmbeddedContent, ...]]:

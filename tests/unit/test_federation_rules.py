@@ -4,10 +4,15 @@ definition accepts (bridges/federation/config.py)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bridges.config import parse
 from bridges.federation.config import FederationConfig
+from bridges.federation.link import outgoing
 from bridges.federation.trail import TRAIL, onward, trail, with_origin_id
+from feeds.service import Blob, Message, Part
+from restms.specs import MESSAGE_PROPERTIES, EmbeddedContent, MessageSpec
 
 REMOTE = "http://127.0.0.1:9/restms/feed/news"
 
@@ -65,6 +70,58 @@ def test_the_origin_id_is_given_once_and_kept() -> None:
     assert with_origin_id(named, own="B", feed="news", stamp="s2") is named
     given = (("message_id", "mine"),)
     assert with_origin_id(given, own="A", feed="news", stamp="s3") is given
+
+
+_TEXT = st.text(st.characters(codec="utf-8", exclude_categories=("Cs", "Cc")), max_size=8)
+_PARTS = st.one_of(
+    st.none(),
+    st.builds(lambda value: EmbeddedContent(value=value), _TEXT),
+    st.builds(lambda data: Blob(data=data, content_type="application/x"), st.binary(max_size=8)),
+)
+
+
+@given(
+    address=st.sampled_from(["", "news", "news.eu.fr"]),
+    props=st.lists(st.sampled_from(MESSAGE_PROPERTIES), unique=True, max_size=3),
+    headers=st.lists(st.tuples(st.sampled_from(["lang", TRAIL, "x"]), _TEXT), max_size=3),
+    parts=st.lists(_PARTS, max_size=3),
+    max_hops=st.integers(1, 3),
+)
+def test_what_a_push_link_sends_is_the_message_spec_the_rules_make(
+    address: str,
+    props: list[str],
+    headers: list[tuple[str, str]],
+    parts: list[Part],
+    max_hops: int,
+) -> None:
+    """The link builds each message it sends without checking its parts again; built
+    the general way, it is the same value, of the same size."""
+    spec = MessageSpec(
+        address=address, props=tuple((name, f"v-{name}") for name in props), headers=tuple(headers)
+    )
+    message = Message(
+        pipe="p", position=7, spec=spec, parts=tuple(parts), feed="news", arrived=0.0,
+        redeliveries=0, size=1, version=0, stamp="s7",
+    )  # fmt: skip
+    sent = outgoing(message, own="A", feed="news", remote="B", max_hops=max_hops)
+    kept = onward(spec.headers, own="A", feed="news", remote="B", max_hops=max_hops)
+    if kept is None:
+        assert sent is None
+        return
+    contents = [
+        EmbeddedContent.of(part.data, part.content_type) if isinstance(part, Blob) else part
+        for part in parts
+        if part is not None
+    ]
+    general = MessageSpec(
+        address=address,
+        props=with_origin_id(spec.props, own="A", feed="news", stamp="s7"),
+        headers=kept,
+        contents=tuple(contents),
+    )
+    assert sent == general
+    assert sent is not None
+    assert sent.head_size == general.head_size
 
 
 def test_a_definition_is_parsed_checked_and_shown_without_secrets() -> None:
