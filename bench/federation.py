@@ -13,6 +13,11 @@ Two gateways on 127.0.0.1: B, and A with a push link of its ``news`` feed to B's
 - **end to end**: the same published to A's feed with B up; the rate is the count over
   the time from the first publish until A's link has had the last one acknowledged.
 
+Each run also reports the CPU time each gateway spent per message (from /proc), a
+figure steadier than rates on a shared machine. A's acknowledged count is read from
+its metrics page, seldom while much is left (each read costs A time the link would
+use) and every few milliseconds near the end.
+
 Then ``--latency`` single messages, one at a time, from a publish (to A, or to B
 directly) until a GET waiting on the asynclet of a pipe on B returns it: p50 and p99.
 
@@ -38,6 +43,7 @@ import uvloop
 from bench.common import (
     RESULTS,
     Server,
+    cpu_seconds,
     free_port,
     log,
     machine,
@@ -109,31 +115,57 @@ async def publish_all(http: aiohttp.ClientSession, feed: str, docs: list[bytes])
 
 
 async def throughput(
-    http: aiohttp.ClientSession, a: str, b: Remote, side: str, count: int, batch: int, ids: bool
-) -> float:
+    http: aiohttp.ClientSession,
+    a: Server,
+    b: Remote,
+    side: str,
+    count: int,
+    batch: int,
+    ids: bool,
+) -> tuple[float, dict[str, float]]:
+    """The rate of one run, and the CPU time each gateway spent per message meanwhile
+    (microseconds: steadier than rates on a shared machine)."""
     pipe = await reader(http, b.url)
     docs = documents(count, batch, secrets.token_hex(4), ids)
     try:
         if side == "direct":
+            usage = Usage(b=b.pid)
             started = time.perf_counter()
             await publish_all(http, f"{b.url}/restms/feed/news", docs)
-            return count / (time.perf_counter() - started)
-        before = await acked(http, a)
+            return count / (time.perf_counter() - started), usage.per(count)
+        before = await acked(http, a.base)
         if side == "end_to_end":
+            usage = Usage(a=a.pid, b=b.pid)
             started = time.perf_counter()
-            await publish_all(http, f"{a}/restms/feed/news", docs)
-            await until_acked(http, a, before + count)
-            return count / (time.perf_counter() - started)
+            await publish_all(http, f"{a.base}/restms/feed/news", docs)
+            await until_acked(http, a.base, before + count)
+            return count / (time.perf_counter() - started), usage.per(count)
         await asyncio.to_thread(b.stop)
-        await publish_all(http, f"{a}/restms/feed/news", docs)
+        await publish_all(http, f"{a.base}/restms/feed/news", docs)
         await asyncio.to_thread(b.start)
-        first = await moved(http, a, before)
+        usage = Usage(a=a.pid, b=b.pid)  # B's start-up before: not the link's
+        first = await moved(http, a.base, before)
         started = time.perf_counter()
-        await until_acked(http, a, before + count)
-        return (before + count - first) / (time.perf_counter() - started)
+        await until_acked(http, a.base, before + count)
+        return (before + count - first) / (time.perf_counter() - started), usage.per(count)
     finally:
         async with http.delete(pipe) as r:
             await r.read()
+
+
+class Usage:
+    """CPU time of named processes from now on."""
+
+    def __init__(self, **pids: int) -> None:
+        self.pids = pids
+        self.start = {name: cpu_seconds(pid) for name, pid in pids.items()}
+
+    def per(self, count: int) -> dict[str, float]:
+        """Microseconds of CPU time per message, each process."""
+        return {
+            name: (cpu_seconds(pid) - self.start[name]) / count * 1e6
+            for name, pid in self.pids.items()
+        }
 
 
 async def moved(http: aiohttp.ClientSession, a: str, before: float) -> float:
@@ -147,11 +179,20 @@ async def moved(http: aiohttp.ClientSession, a: str, before: float) -> float:
 
 
 async def until_acked(http: aiohttp.ClientSession, a: str, total: float) -> None:
-    deadline = time.perf_counter() + 300
-    while await acked(http, a) < total:
+    """Poll A's acknowledged count until it reaches ``total``: seldom while much is left
+    (each look costs A a metrics page, ~0.6 ms of its time, taken from the link), more
+    often near the end, so the time of the last acknowledgement is within ~2 ms."""
+    started = time.perf_counter()
+    deadline = started + 300
+    first = now = await acked(http, a)
+    while now < total:
         if time.perf_counter() > deadline:
             raise RuntimeError("the link did not deliver everything in 300 s")
-        await asyncio.sleep(0.005)
+        elapsed = time.perf_counter() - started
+        rate = (now - first) / elapsed if now > first else 0.0
+        left = (total - now) / rate if rate else 0.0
+        await asyncio.sleep(min(0.05, max(0.002, left / 2)))
+        now = await acked(http, a)
 
 
 class Remote:
@@ -164,6 +205,11 @@ class Remote:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.server is not None
+        return self.server.pid
 
     def start(self) -> None:
         extra = ("--config", str(self.config))
@@ -214,19 +260,22 @@ async def latency(
 SIDES = ("direct", "link", "end_to_end")
 
 
-async def run(args: argparse.Namespace, a: str, b: Remote) -> dict[str, Any]:
+async def run(args: argparse.Namespace, a: Server, b: Remote) -> dict[str, Any]:
     rates: dict[str, list[float]] = {side: [] for side in SIDES}
+    cpu: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
     lat: dict[str, list[float]] = {"direct": [], "link": []}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await throughput(http, a, b, "end_to_end", 2000, args.batch, args.ids)  # warm-up
         for n in range(args.rounds):
             order = SIDES if n % 2 == 0 else SIDES[::-1]
             for side in order:
-                rate = await throughput(http, a, b, side, args.count, args.batch, args.ids)
+                rate, used = await throughput(http, a, b, side, args.count, args.batch, args.ids)
                 rates[side].append(rate)
-                log(f"  round {n + 1}/{args.rounds} {side:10s} {rate:,.0f} msg/s")
+                cpu[side].append(used)
+                shown = ", ".join(f"{name} {us:.1f}" for name, us in used.items())
+                log(f"  round {n + 1}/{args.rounds} {side:10s} {rate:,.0f} msg/s ({shown} us CPU)")
             for side in ("direct", "link") if n % 2 == 0 else ("link", "direct"):
-                lat[side].extend(await latency(http, a, b.url, side, args.latency))
+                lat[side].extend(await latency(http, a.base, b.url, side, args.latency))
     return {
         "rates": rates,
         "ratio_median": {
@@ -234,6 +283,10 @@ async def run(args: argparse.Namespace, a: str, b: Remote) -> dict[str, Any]:
                 x / d for x, d in zip(rates[side], rates["direct"], strict=True)
             )
             for side in ("link", "end_to_end")
+        },
+        "cpu_us_per_message_median": {
+            side: {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+            for side, runs in cpu.items()
         },
         "latency_ms": {
             side: {"p50": percentile(values, 50), "p99": percentile(values, 99)}
@@ -261,18 +314,19 @@ def main() -> int:
     b.start()
     a = Server("gateway", name="federation-a", extra=("--config", str(a_conf))).wait_ready()
     try:
-        out = uvloop.run(run(args, a.base, b))
+        out = uvloop.run(run(args, a, b))
     finally:
         stop_all()
     out["machine"] = machine()
     out["args"] = vars(args)
     print(json.dumps(out, indent=1))
-    ratios = out["ratio_median"]
+    ratios, cpu = out["ratio_median"], out["cpu_us_per_message_median"]
     log(
         f"against direct (medians of {args.rounds}): link {ratios['link']:.2f}, "
         f"end to end {ratios['end_to_end']:.2f}; latency p50 "
         f"link {out['latency_ms']['link']['p50']:.2f} ms, "
-        f"direct {out['latency_ms']['direct']['p50']:.2f} ms"
+        f"direct {out['latency_ms']['direct']['p50']:.2f} ms; CPU us/msg: direct B "
+        f"{cpu['direct']['b']:.1f}, link A {cpu['link']['a']:.1f} B {cpu['link']['b']:.1f}"
     )
     return 0
 
