@@ -7,7 +7,7 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import AsyncIterator
-from itertools import islice
+from itertools import islice, takewhile
 from operator import attrgetter
 from typing import TYPE_CHECKING
 
@@ -275,9 +275,10 @@ class Cursors:
         engine = self.engine
         if engine.mirror is None:
             return
-        for seq, held in list(pipe.messages.items()):
-            if seq > upto:
-                break
+        # A copy of the acknowledged messages only, not of the whole pipe: a bridge
+        # catching up acknowledges a batch at a time from a pipe that may hold millions.
+        acked = list(takewhile(lambda item: item[0] <= upto, pipe.messages.items()))
+        for seq, held in acked:
             if seq > after:
                 engine.mirrored("bridge_out", pipe, held, bridge=via)
 
