@@ -13,6 +13,9 @@ Two gateways on 127.0.0.1: B, and A with a push link of its ``news`` feed to B's
 - **end to end**: the same published to A's feed with B up; the rate is the count over
   the time from the first publish until A's link has had the last one acknowledged.
 
+With ``--pull``, also **pull**: B's pull link of A's ``pulled`` feed, timed as the push
+link is (the messages wait in its pipe on A while B is stopped).
+
 Each run also reports the CPU time each gateway spent per message (from /proc), a
 figure steadier than rates on a shared machine. A's acknowledged count is read from
 its metrics page, seldom while much is left (each read costs A time the link would
@@ -21,7 +24,8 @@ use) and every few milliseconds near the end.
 Then ``--latency`` single messages, one at a time, from a publish (to A, or to B
 directly) until a GET waiting on the asynclet of a pipe on B returns it: p50 and p99.
 
-    .venv/bin/python -m bench.federation [--rounds 3] [--count 20000] [--batch 100]
+    .venv/bin/python -m bench.federation [--rounds 3] [--count 20000] [--batch 100] \
+        [--ids] [--pull]
 """
 
 from __future__ import annotations
@@ -55,19 +59,28 @@ from bench.common import (
 HEADERS = {"Content-Type": "application/restms+json", "Accept": "application/restms+json"}
 
 
-def configs(directory: Path, b_port: int) -> tuple[Path, Path]:
-    feed = '[[feeds]]\nname = "news"\ntype = "topic"\n'
+def configs(directory: Path, a_port: int, b_port: int) -> tuple[Path, Path]:
+    """A pushes its ``news`` to B's; B pulls A's ``pulled`` into its own."""
+    feeds = (
+        '[[feeds]]\nname = "news"\ntype = "topic"\n\n[[feeds]]\nname = "pulled"\ntype = "topic"\n'
+    )
     common = 'metrics_access = "loopback"\nmax_pipe_messages = 1000000\n'
+    tuning = "batch = 500\nretry_min = 0.05\nretry_max = 0.2\n"
     b = directory / "b.toml"
-    b.write_text(f'gateway_id = "bench-b"\n{common}\n{feed}', encoding="utf-8")
+    remote = f"http://127.0.0.1:{a_port}/restms/feed/pulled"
+    pull = (
+        '\n[[bridges]]\nkind = "federation"\nname = "from-a"\ndirection = "in"\n'
+        f'feed = "pulled"\naddress = "#"\nremote = "{remote}"\n{tuning}'
+    )
+    b.write_text(f'gateway_id = "bench-b"\n{common}\n{feeds}{pull}', encoding="utf-8")
     a = directory / "a.toml"
     remote = f"http://127.0.0.1:{b_port}/restms/feed/news"
-    link = (
+    push = (
         '\n[[bridges]]\nkind = "federation"\nname = "to-b"\ndirection = "out"\n'
-        f'feed = "news"\naddress = "#"\nremote = "{remote}"\nbatch = 500\n'
-        "max_messages = 1000000\nretry_min = 0.05\nretry_max = 0.2\n"
+        f'feed = "news"\naddress = "#"\nremote = "{remote}"\n{tuning}'
+        "max_messages = 1000000\n"
     )
-    a.write_text(f'gateway_id = "bench-a"\n{common}\n{feed}{link}', encoding="utf-8")
+    a.write_text(f'gateway_id = "bench-a"\n{common}\n{feeds}{push}', encoding="utf-8")
     return a, b
 
 
@@ -98,10 +111,11 @@ async def reader(http: aiohttp.ClientSession, base: str) -> str:
     return str(pipe)
 
 
-async def acked(http: aiohttp.ClientSession, base: str) -> float:
+async def acked(http: aiohttp.ClientSession, base: str, bridge: str = "to-b") -> float:
+    """Messages the gateway at ``base``'s link ``bridge`` has acknowledged."""
     async with http.get(f"{base}/metrics") as r:
         for line in (await r.text()).splitlines():
-            if line.startswith('restms_bridge_acked_total{bridge="to-b"}'):
+            if line.startswith(f'restms_bridge_acked_total{{bridge="{bridge}"}}'):
                 return float(line.rpartition(" ")[2])
     return 0.0
 
@@ -133,6 +147,8 @@ async def throughput(
             started = time.perf_counter()
             await publish_all(http, f"{b.url}/restms/feed/news", docs)
             return count / (time.perf_counter() - started), usage.per(count)
+        if side == "pull":
+            return await pulled(http, a, b, docs, count)
         before = await acked(http, a.base)
         if side == "end_to_end":
             usage = Usage(a=a.pid, b=b.pid)
@@ -153,6 +169,35 @@ async def throughput(
             await r.read()
 
 
+async def pulled(
+    http: aiohttp.ClientSession, a: Server, b: Remote, docs: list[bytes], count: int
+) -> tuple[float, dict[str, float]]:
+    """B's pull link's own pace: the messages wait in its pipe on A while B is
+    stopped; the rate is from B's first acknowledgement on A to its last."""
+    before = await acked(http, b.url, "from-a")
+    await asyncio.to_thread(b.stop)
+    await publish_all(http, f"{a.base}/restms/feed/pulled", docs)
+    await asyncio.to_thread(b.start)
+    usage = Usage(a=a.pid, b=b.pid)
+    first = await moved(http, b.url, before, "from-a")
+    started = time.perf_counter()
+    await until_acked(http, b.url, before + count, "from-a")
+    return (before + count - first) / (time.perf_counter() - started), usage.per(count)
+
+
+async def pull_ready(http: aiohttp.ClientSession, a: Server, b: Remote) -> None:
+    """Wait until B's pull link reads its pipe on A (made when the link first starts):
+    a message published to A's feed before then would not reach it."""
+    body = documents(1, 1, "ready")[0]
+    for _ in range(150):  # 30 s
+        before = await acked(http, b.url, "from-a")
+        await publish_all(http, f"{a.base}/restms/feed/pulled", [body])
+        await asyncio.sleep(0.2)
+        if await acked(http, b.url, "from-a") > before:
+            return
+    raise RuntimeError("B's pull link took nothing from A in 30 s")
+
+
 class Usage:
     """CPU time of named processes from now on."""
 
@@ -168,23 +213,27 @@ class Usage:
         }
 
 
-async def moved(http: aiohttp.ClientSession, a: str, before: float) -> float:
+async def moved(
+    http: aiohttp.ClientSession, base: str, before: float, bridge: str = "to-b"
+) -> float:
     """The link's acknowledged count once it is past ``before`` (B is back)."""
     for _ in range(6000):  # 30 s
-        now = await acked(http, a)
+        now = await acked(http, base, bridge)
         if now > before:
             return now
         await asyncio.sleep(0.005)
     raise RuntimeError("the link sent nothing in 30 s after B came back")
 
 
-async def until_acked(http: aiohttp.ClientSession, a: str, total: float) -> None:
+async def until_acked(
+    http: aiohttp.ClientSession, base: str, total: float, bridge: str = "to-b"
+) -> None:
     """Poll A's acknowledged count until it reaches ``total``: seldom while much is left
     (each look costs A a metrics page, ~0.6 ms of its time, taken from the link), more
     often near the end, so the time of the last acknowledgement is within ~2 ms."""
     started = time.perf_counter()
     deadline = started + 300
-    first = now = await acked(http, a)
+    first = now = await acked(http, base, bridge)
     while now < total:
         if time.perf_counter() > deadline:
             raise RuntimeError("the link did not deliver everything in 300 s")
@@ -192,7 +241,7 @@ async def until_acked(http: aiohttp.ClientSession, a: str, total: float) -> None
         rate = (now - first) / elapsed if now > first else 0.0
         left = (total - now) / rate if rate else 0.0
         await asyncio.sleep(min(0.05, max(0.002, left / 2)))
-        now = await acked(http, a)
+        now = await acked(http, base, bridge)
 
 
 class Remote:
@@ -261,13 +310,16 @@ SIDES = ("direct", "link", "end_to_end")
 
 
 async def run(args: argparse.Namespace, a: Server, b: Remote) -> dict[str, Any]:
-    rates: dict[str, list[float]] = {side: [] for side in SIDES}
-    cpu: dict[str, list[dict[str, float]]] = {side: [] for side in SIDES}
+    sides = (*SIDES, "pull") if args.pull else SIDES
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     lat: dict[str, list[float]] = {"direct": [], "link": []}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
         await throughput(http, a, b, "end_to_end", 2000, args.batch, args.ids)  # warm-up
+        if args.pull:
+            await pull_ready(http, a, b)
         for n in range(args.rounds):
-            order = SIDES if n % 2 == 0 else SIDES[::-1]
+            order = sides if n % 2 == 0 else sides[::-1]
             for side in order:
                 rate, used = await throughput(http, a, b, side, args.count, args.batch, args.ids)
                 rates[side].append(rate)
@@ -282,7 +334,8 @@ async def run(args: argparse.Namespace, a: Server, b: Remote) -> dict[str, Any]:
             side: statistics.median(
                 x / d for x, d in zip(rates[side], rates["direct"], strict=True)
             )
-            for side in ("link", "end_to_end")
+            for side in sides
+            if side != "direct"
         },
         "cpu_us_per_message_median": {
             side: {name: statistics.median(run[name] for run in runs) for name in runs[0]}
@@ -304,15 +357,17 @@ def main() -> int:
     parser.add_argument(
         "--ids", action="store_true", help="every message published has a message_id"
     )
+    parser.add_argument("--pull", action="store_true", help="also time B's pull link from A")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    b_port = free_port()
+    a_port, b_port = free_port(), free_port()
     directory = Path(RESULTS / f"federation-{secrets.token_hex(3)}")
     directory.mkdir()
-    a_conf, b_conf = configs(directory, b_port)
+    a_conf, b_conf = configs(directory, a_port, b_port)
+    a = Server("gateway", name="federation-a", port=a_port, extra=("--config", str(a_conf)))
     b = Remote(b_port, b_conf, directory / "b-data")
     b.start()
-    a = Server("gateway", name="federation-a", extra=("--config", str(a_conf))).wait_ready()
+    a.wait_ready()
     try:
         out = uvloop.run(run(args, a, b))
     finally:
@@ -328,6 +383,8 @@ def main() -> int:
         f"direct {out['latency_ms']['direct']['p50']:.2f} ms; CPU us/msg: direct B "
         f"{cpu['direct']['b']:.1f}, link A {cpu['link']['a']:.1f} B {cpu['link']['b']:.1f}"
     )
+    if args.pull:
+        log(f"pull link against direct: {ratios['pull']:.2f}")
     return 0
 
 
