@@ -1,6 +1,7 @@
 """Federation between separate gateways, each in a process of its own (tests/sites.py):
 loops end, diamonds deliver once, pull links resume their remote pipe, and a gateway
-killed with SIGKILL on either side of a link loses and repeats nothing.
+killed with SIGKILL on either side of a link loses and repeats nothing (and, the
+remote killed, changes no order).
 
 Every site's reader pipe is joined to its ``news`` feed with ``#``, so it holds each
 message that reached that feed once: a repeat would show as a second copy.
@@ -175,6 +176,8 @@ async def test_a_remote_killed_during_traffic_gets_every_message_once(
         await asyncio.sleep(QUIET)
         got = await client.held(pipe)
         assert Counter(content(m) for m in got) == Counter(sent)
+        # in the order published: a batch goes only after the one before was answered
+        assert [content(m) for m in got] == sent
 
 
 async def test_an_origin_killed_during_traffic_loses_and_repeats_nothing(
