@@ -30,8 +30,10 @@ PipeGone); foreign exceptions are converted here (``raise ... from``).
 message at its position; while that is the pipe's asynclet the remote holds the
 request until a message arrives, and the client gives up after ``wait`` seconds (or
 the remote after its ``max_wait``: 503, ``Retry-After: 0``), which is an empty read.
-It then lists the pipe and GETs the messages held after that one, up to ``limit``,
-a few at a time. A position that is gone (404 naming ``RestMS-Earliest-Position``)
+It then lists the pipe and takes the messages held after that one, up to ``limit``,
+from the pipe's event stream (docs/EXTENSIONS.md §3: one request for all of them,
+left once the last came); from a server without event streams, or when the stream
+fails before its first message, it GETs them, a few at a time. A position that is gone (404 naming ``RestMS-Earliest-Position``)
 moves the read to the oldest position held; a 404 without it sends the read to the
 pipe's listing, whose 404 is :class:`PipeGone`. Linked contents are fetched, so every
 message returned embeds its contents. The pipes :meth:`HttpRemote.create_pipe` makes are
@@ -45,7 +47,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
 import ssl
 import sys
 import urllib.parse
@@ -75,6 +76,7 @@ IDENTITY_PATH = "/.well-known/restms-gateway"  # where a gateway says its id
 REFRESH_AT = 0.8  # of a token's life: when a new one is fetched
 UNKNOWN_LIFE = 300.0  # seconds a token without expires_in is kept
 AT_ONCE = 8  # message GETs of one read in flight at a time
+STREAM_IDLE = 1.0  # seconds a read from a pipe's event stream waits for its next line
 TURNS = 4  # positions a read tries (each a gap or a hole skipped) before it says "none"
 # What a read accepts of the remote's messages: the local publish applies the local limits.
 T = TypeVar("T")
@@ -249,6 +251,11 @@ class HttpRemote:
         if limit > 1:
             listing = await self._listing(pipe_url)
             after = [p for p in listing.held if p > position][: limit - 1]
+            if not after:
+                return out
+            streamed = await self._streamed(pipe_url, position, after[-1])
+            if streamed is not None:
+                return out + streamed
             gate = asyncio.Semaphore(AT_ONCE)
 
             async def one(p: int) -> MessageSpec | int | None:
@@ -341,6 +348,49 @@ class HttpRemote:
             return specs.build_message(element.attrs, headers, contents, _READ_LIMITS)
         except RestMSError as exc:
             raise Unavailable(f"{where}: the message is not understood: {exc}") from exc
+
+    async def _streamed(
+        self, pipe_url: str, after: int, upto: int
+    ) -> list[tuple[int, MessageSpec]] | None:
+        """The messages held after position ``after``, up to ``upto``, read in one
+        request from the pipe's event stream (docs/EXTENSIONS.md §3) instead of a GET
+        each. None when the remote does not stream the pipe (a RestMS server without
+        that extension answers with the pipe document) or the stream fails before its
+        first message: the caller GETs each message then. The stream is left once
+        ``upto`` came, or when no line came for :data:`STREAM_IDLE` seconds (a message
+        gone meanwhile): what came by then is returned."""
+        token, _ = await self._bearer()
+        headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        session = await self._open()
+        out: list[tuple[int, MessageSpec]] = []
+        try:
+            async with asyncio.timeout(self._timeout):
+                async with session.get(pipe_url, headers=headers, allow_redirects=False) as reply:
+                    if reply.status != 200 or reply.content_type != "text/event-stream":
+                        return None
+                    lines = wire.EventLines()
+                    while True:
+                        async with asyncio.timeout(STREAM_IDLE):
+                            raw = await reply.content.readline(max_line_length=self._max_body)
+                        if not raw:
+                            break  # the stream ended (stream_max, or the pipe was deleted)
+                        event = lines.line(raw)
+                        if event is None or event[0] != "message":
+                            continue
+                        found = wire.position(event[1])
+                        if found is None or found <= after or (out and found <= out[-1][0]):
+                            break  # not a position this read asked for
+                        url = f"{pipe_url}.{found}"
+                        got = wire.Reply(200, {}, event[2].encode())
+                        out.append((found, await self._delivered(pipe_url, url, got)))
+                        if found >= upto:
+                            break
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError, Unavailable):
+            if not out:
+                return None  # the GETs say what is wrong, if anything still is
+        return out
 
     async def _content(self, pipe_url: str, url: str, part: Element) -> EmbeddedContent | None:
         """A delivered content's bytes, embedded; None when it was deleted from the pipe's
@@ -444,34 +494,7 @@ class HttpRemote:
         reply = await self._exchange("POST", auth.token_url, body, headers, "", None)
         if reply is None:  # only a wait runs out without an answer
             raise Unavailable(f"{where}: no answer")
-        try:
-            answer = orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            answer = None
-        if not isinstance(answer, dict):
-            answer = {}
-        if reply.status != 200:
-            said = ": ".join(
-                str(answer[key])[: wire.MAX_REASON]
-                for key in ("error", "error_description")
-                if answer.get(key)
-            )
-            raise Unavailable(
-                f"{where} did not grant a token to client {auth.client_id!r}: "
-                f"{reply.status} {said or wire.reason(reply)}",
-                wire.retry_after(reply),
-            )
-        token = answer.get("access_token")
-        if not isinstance(token, str) or not token:
-            raise Unavailable(f"{where}: the reply holds no access_token")
-        if str(answer.get("token_type", "")).lower() != "bearer":
-            raise Unavailable(f"{where}: the token is not a bearer token")
-        life = answer.get("expires_in", UNKNOWN_LIFE)
-        if isinstance(life, str):
-            life = wire.number(life)
-        if not isinstance(life, int | float) or isinstance(life, bool) or not math.isfinite(life):
-            life = UNKNOWN_LIFE
-        return token, max(float(life), 0.0)
+        return wire.token_reply(reply, where, auth.client_id, UNKNOWN_LIFE)
 
     async def _exchange(
         self,

@@ -8,7 +8,7 @@ import math
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -139,3 +139,66 @@ def beside(base: str, href: str, where: str) -> str:
     if (there.scheme, there.netloc) != (here.scheme, here.netloc):
         raise Unavailable(f"{where}: the remote named another origin ({redact(url)})")
     return url
+
+
+def token_reply(reply: Reply, where: str, client_id: str, unknown_life: float) -> tuple[str, float]:
+    """The access token in a token endpoint's reply (RFC 6749 §5.1) and its life in
+    seconds (``unknown_life`` when it does not say); else :class:`Unavailable`."""
+    try:
+        answer = orjson.loads(reply.body)
+    except orjson.JSONDecodeError:
+        answer = None
+    if not isinstance(answer, dict):
+        answer = {}
+    if reply.status != 200:
+        said = ": ".join(
+            str(answer[key])[:MAX_REASON]
+            for key in ("error", "error_description")
+            if answer.get(key)
+        )
+        raise Unavailable(
+            f"{where} did not grant a token to client {client_id!r}: "
+            f"{reply.status} {said or reason(reply)}",
+            retry_after(reply),
+        )
+    token = answer.get("access_token")
+    if not isinstance(token, str) or not token:
+        raise Unavailable(f"{where}: the reply holds no access_token")
+    if str(answer.get("token_type", "")).lower() != "bearer":
+        raise Unavailable(f"{where}: the token is not a bearer token")
+    life = answer.get("expires_in", unknown_life)
+    if isinstance(life, str):
+        life = number(life)
+    if not isinstance(life, int | float) or isinstance(life, bool) or not math.isfinite(life):
+        life = unknown_life
+    return token, max(float(life), 0.0)
+
+
+@dataclass(slots=True)
+class EventLines:
+    """Server-Sent Events read a line at a time (the HTML standard's event stream
+    format, as docs/EXTENSIONS.md §3 writes it): :meth:`line` returns an event, as
+    (name, id, data), at the blank line that ends it."""
+
+    name: str = ""
+    id: str = ""
+    data: list[str] = field(default_factory=list)
+
+    def line(self, raw: bytes) -> tuple[str, str, str] | None:
+        text = raw.decode("utf-8", "replace").rstrip("\r\n")
+        if not text:
+            event = (self.name or "message", self.id, "\n".join(self.data))
+            had = bool(self.data)
+            self.name, self.data = "", []  # (the id carries over, as the standard says)
+            return event if had else None
+        if text.startswith(":"):
+            return None  # a comment: keep-alive
+        name, _, value = text.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "event":
+            self.name = value
+        elif name == "data":
+            self.data.append(value)
+        elif name == "id":
+            self.id = value
+        return None

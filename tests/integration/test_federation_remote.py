@@ -673,3 +673,55 @@ async def test_tokens_are_kept_refreshed_and_retried(fake: Fake, blockbuster: Bl
         assert failed.value.retry_after == 3
         assert "temporarily_unavailable" in str(failed.value)
         assert secret not in str(failed.value)
+
+
+def pipe_server(pipe: str, streams: bool) -> Handler:
+    """A RestMS pipe holding messages at positions 1 to 3 (``m1``..``m3``), with its
+    event stream when ``streams`` (docs/EXTENSIONS.md §3), else without it, as a
+    server without that extension, which answers a stream request with the pipe."""
+
+    def message(n: int) -> dict[str, Any]:
+        return {"address": f"a{n}", "content": [{"type": "text/plain", "value": f"m{n}"}]}
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        url = str(request.url)
+        if url.startswith(f"{pipe}."):
+            n = int(url.rpartition(".")[2])
+            return web.json_response({"restms": {"message": [message(n)]}})
+        if request.headers.get("Accept") == "text/event-stream" and streams:
+            after = int(request.headers["Last-Event-ID"])
+            reply = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await reply.prepare(request)
+            await reply.write(b"retry: 2000\n\n: keep-alive\n\n")
+            for n in range(after + 1, 4):
+                data = json.dumps({"restms": {"message": [message(n)]}}).encode()
+                await reply.write(b"id: %d\nevent: message\ndata: %s\n\n" % (n, data))
+            await asyncio.sleep(5)  # the stream stays open: the reader leaves it
+            return reply
+        listed = [{"href": f"{pipe}.{n}"} for n in (1, 2, 3)] + [
+            {"href": f"{pipe}.4", "async": "1"}
+        ]
+        return web.json_response({"restms": {"pipe": [{"message": listed}]}})
+
+    return answer
+
+
+@pytest.mark.parametrize("streams", [True, False])
+async def test_a_read_takes_the_event_stream_when_the_remote_has_one(
+    fake: Fake, streams: bool, blockbuster: BlockBuster
+) -> None:
+    """After its first message, a read takes the rest from the pipe's event stream in
+    one request; from a server without one, it GETs each message."""
+    pipe = f"{fake.url}/restms/resource/p"
+    fake.answer = pipe_server(pipe, streams)
+    async with remote(Auth(bearer="b"), timeout=10.0) as client:
+        started = time.monotonic()
+        got = await client.read(pipe, 1, 10, 1.0)
+        assert time.monotonic() - started < 4  # left once its last message came
+    assert [(p, spec.address, spec.contents[0].value) for p, spec in got] == [
+        (n, f"a{n}", f"m{n}") for n in (1, 2, 3)
+    ]
+    fetched = [path for path, _ in fake.seen if path.startswith("/restms/resource/p.")]
+    assert fetched == (
+        ["/restms/resource/p.1"] if streams else [f"/restms/resource/p.{n}" for n in (1, 2, 3)]
+    )
