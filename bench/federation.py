@@ -60,13 +60,13 @@ from bench.common import (
 HEADERS = {"Content-Type": "application/restms+json", "Accept": "application/restms+json"}
 
 
-def configs(directory: Path, a_port: int, b_port: int) -> tuple[Path, Path]:
+def configs(directory: Path, a_port: int, b_port: int, link_batch: int = 500) -> tuple[Path, Path]:
     """A pushes its ``news`` to B's; B pulls A's ``pulled`` into its own."""
     feeds = (
         '[[feeds]]\nname = "news"\ntype = "topic"\n\n[[feeds]]\nname = "pulled"\ntype = "topic"\n'
     )
     common = 'metrics_access = "loopback"\nmax_pipe_messages = 1000000\n'
-    tuning = "batch = 500\nretry_min = 0.05\nretry_max = 0.2\n"
+    tuning = f"batch = {link_batch}\nretry_min = 0.05\nretry_max = 0.2\n"
     b = directory / "b.toml"
     remote = f"http://127.0.0.1:{a_port}/restms/feed/pulled"
     pull = (
@@ -361,12 +361,13 @@ def main() -> int:
         "--ids", action="store_true", help="every message published has a message_id"
     )
     parser.add_argument("--pull", action="store_true", help="also time B's pull link from A")
+    parser.add_argument("--link-batch", type=int, default=500, help="the links' batch")
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     a_port, b_port = free_port(), free_port()
     directory = Path(RESULTS / f"federation-{secrets.token_hex(3)}")
     directory.mkdir()
-    a_conf, b_conf = configs(directory, a_port, b_port)
+    a_conf, b_conf = configs(directory, a_port, b_port, args.link_batch)
     a = Server("gateway", name="federation-a", port=a_port, extra=("--config", str(a_conf)))
     b = Remote(b_port, b_conf, directory / "b-data")
     b.start()
