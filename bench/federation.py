@@ -10,6 +10,9 @@ Two gateways on 127.0.0.1: B, and A with a push link of its ``news`` feed to B's
   link's pipe; then B is started again, and the rate is the messages the link
   delivers over the time from its first acknowledgement by B to its last (the link's
   own pace, not A's: publishing to A waits for A's disk, as the link's pipe is durable).
+- **warm**: the same as **link**, but B is not restarted (its caches warm, as in the
+  direct runs): A's second link, of its ``warm`` feed, gets 404 while B has no such
+  feed, the messages wait in its pipe, then B's feed is made.
 - **end to end**: the same published to A's feed with B up; the rate is the count over
   the time from the first publish until A's link has had the last one acknowledged.
 
@@ -76,12 +79,14 @@ def configs(directory: Path, a_port: int, b_port: int, link_batch: int = 500) ->
     b.write_text(f'gateway_id = "bench-b"\n{common}\n{feeds}{pull}', encoding="utf-8")
     a = directory / "a.toml"
     remote = f"http://127.0.0.1:{b_port}/restms/feed/news"
-    push = (
-        '\n[[bridges]]\nkind = "federation"\nname = "to-b"\ndirection = "out"\n'
-        f'feed = "news"\naddress = "#"\nremote = "{remote}"\n{tuning}'
-        "max_messages = 1000000\n"
+    push = "".join(
+        f'\n[[bridges]]\nkind = "federation"\nname = "{name}"\ndirection = "out"\n'
+        f'feed = "{feed}"\naddress = "#"\nremote = "{remote.replace("/news", "/" + feed)}"\n'
+        f"{tuning}max_messages = 1000000\n"
+        for name, feed in (("to-b", "news"), ("to-b-warm", "warm"))
     )
-    a.write_text(f'gateway_id = "bench-a"\n{common}\n{feeds}{push}', encoding="utf-8")
+    a_feeds = feeds + '[[feeds]]\nname = "warm"\ntype = "topic"\n'
+    a.write_text(f'gateway_id = "bench-a"\n{common}\n{a_feeds}{push}', encoding="utf-8")
     return a, b
 
 
@@ -101,12 +106,12 @@ def documents(count: int, batch: int, tag: str, ids: bool = False) -> list[bytes
     return out
 
 
-async def reader(http: aiohttp.ClientSession, base: str) -> str:
+async def reader(http: aiohttp.ClientSession, base: str, feed: str = "news") -> str:
     async with http.post(f"{base}/restms/domain/default", data=b'{"restms":{"pipe":[{}]}}',
                          headers=HEADERS) as r:  # fmt: skip
         assert r.status == 201, await r.text()
         pipe = r.headers["Location"]
-    join = {"restms": {"join": [{"feed": f"{base}/restms/feed/news", "address": "#"}]}}
+    join = {"restms": {"join": [{"feed": f"{base}/restms/feed/{feed}", "address": "#"}]}}
     async with http.post(pipe, data=orjson.dumps(join), headers=HEADERS) as r:
         assert r.status == 201, await r.text()
     return str(pipe)
@@ -148,6 +153,8 @@ async def throughput(
             started = time.perf_counter()
             await publish_all(http, f"{b.url}/restms/feed/news", docs)
             return count / (time.perf_counter() - started), usage.per(count)
+        if side == "warm":
+            return await warm(http, a, b, docs, count)
         if side == "pull":  # a tenth: it reads a message at a time
             part = docs[: max(1, len(docs) // 10)]
             return await pulled(http, a, b, part, min(count, len(part) * batch))
@@ -170,6 +177,32 @@ async def throughput(
     finally:
         async with http.delete(pipe) as r:
             await r.read()
+
+
+async def warm(
+    http: aiohttp.ClientSession, a: Server, b: Remote, docs: list[bytes], count: int
+) -> tuple[float, dict[str, float]]:
+    """The push link's own pace to a B that is not restarted (warm, as in the direct
+    runs): A's link ``to-b-warm`` waits while B has no ``warm`` feed (404: it retries),
+    the messages gather in its pipe, then B's feed is made and the link drains."""
+    feed = f"{b.url}/restms/feed/warm"
+    before = await acked(http, a.base, "to-b-warm")
+    await publish_all(http, f"{a.base}/restms/feed/warm", docs)
+    document = b'{"restms":{"feed":[{"name":"warm","type":"topic"}]}}'
+    async with http.post(f"{b.url}/restms/domain/default", data=document, headers=HEADERS) as r:
+        assert r.status == 201, await r.text()
+    pipe = await reader(http, b.url, "warm")
+    try:
+        first = await moved(http, a.base, before, "to-b-warm")
+        usage = Usage(a=a.pid, b=b.pid)
+        started = time.perf_counter()
+        await until_acked(http, a.base, before + count, "to-b-warm")
+        moving = before + count - first
+        return moving / (time.perf_counter() - started), usage.per(int(moving))
+    finally:
+        for url in (pipe, feed):  # the feed goes: the next run's messages wait again
+            async with http.delete(url) as r:
+                await r.read()
 
 
 async def pulled(
@@ -309,7 +342,7 @@ async def latency(
     return samples
 
 
-SIDES = ("direct", "link", "end_to_end")
+SIDES = ("direct", "link", "warm", "end_to_end")
 
 
 async def run(args: argparse.Namespace, a: Server, b: Remote) -> dict[str, Any]:
@@ -381,7 +414,8 @@ def main() -> int:
     print(json.dumps(out, indent=1))
     ratios, cpu = out["ratio_median"], out["cpu_us_per_message_median"]
     log(
-        f"against direct (medians of {args.rounds}): link {ratios['link']:.2f}, "
+        f"against direct (medians of {args.rounds}): link {ratios['link']:.2f} "
+        f"(B warm: {ratios['warm']:.2f}), "
         f"end to end {ratios['end_to_end']:.2f}; latency p50 "
         f"link {out['latency_ms']['link']['p50']:.2f} ms, "
         f"direct {out['latency_ms']['direct']['p50']:.2f} ms; CPU us/msg: direct B "
