@@ -33,9 +33,10 @@ the remote after its ``max_wait``: 503, ``Retry-After: 0``), which is an empty r
 It then lists the pipe and takes the messages held after that one, up to ``limit``,
 from the pipe's event stream (docs/EXTENSIONS.md §3: one request for all of them,
 left once the last came); from a server without event streams, or when the stream
-fails before its first message, it GETs them, a few at a time. A position that is gone (404 naming ``RestMS-Earliest-Position``)
-moves the read to the oldest position held; a 404 without it sends the read to the
-pipe's listing, whose 404 is :class:`PipeGone`. Linked contents are fetched, so every
+fails before its first message, it GETs them, a few at a time. A position that is
+gone (404 naming ``RestMS-Earliest-Position``) moves the read to the oldest position
+held; a 404 without it sends the read to the pipe's listing, whose 404 is
+:class:`PipeGone`. Linked contents are fetched, so every
 message returned embeds its contents. The pipes :meth:`HttpRemote.create_pipe` makes are
 durable (the remote stores every message they get) and have no lease (``lease="0"``:
 a message read and not yet acknowledged stays at its position, in order, instead of
