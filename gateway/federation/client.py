@@ -143,7 +143,8 @@ class HttpRemote:
     ) -> list[bool]:
         """POST one JSON message document (contents embedded), ``encoded`` when given;
         one entry per message: True when the remote said it was a duplicate
-        (duplicate="1"), False otherwise."""
+        (duplicate="1"), False otherwise. With tracing on, ``encoded`` is not used: each
+        message is sent with the context of its own hop's span."""
         if not messages:
             return []
         if self._tracer is not None:  # each message's hop a span, its context carried on
@@ -152,6 +153,7 @@ class HttpRemote:
                 tracing.hop(self._tracer, "federation send", SpanKind.PRODUCER, spec, attributes)
                 for spec in messages
             ]
+            encoded = None  # made before the spans: it carries the contexts they replace
         where = f"POST {redact(feed_url)}"
         document = wire.message_document(messages) if encoded is None else encoded
         reply = await self._call("POST", feed_url, document)
