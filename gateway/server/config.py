@@ -196,7 +196,10 @@ class Config:
     mirror_lake: str = ""  # directory or URI (s3a://, hdfs://, ...); "": <data_dir>/lake
     mirror_queue: int = 100_000  # events waiting for the writer at most; more are dropped
     mirror_rotate_bytes: int = 64 * 1024 * 1024  # a lake file is closed at this size
-    mirror_rotate_seconds: float = 300.0  # ... or at this age
+    mirror_rotate_seconds: float = 3.0  # ... or at this age (how soon traffic shows)
+    mirror_spill_bytes: int = 1024 * 1024 * 1024  # events on disk while the writer is behind
+    mirror_compact_after: float = 300.0  # seconds before closed files are compacted (0: never)
+    mirror_retention_days: float = 30.0  # lake files older than this are deleted (0: kept)
     # analytics (docs/ANALYTICS.md): Spark in a worker process, started on the first query
     analytics: bool = True  # answer analytics queries (off: 503 and no Spark worker ever)
     analytics_master: str = "local[*]"  # Spark master URL: local[N], spark://..., k8s://...
@@ -206,10 +209,12 @@ class Config:
     analytics_max_pending: int = 8  # queries waiting for the worker at most; then 503
     analytics_checkpoint: str = ""  # streaming checkpoint; "": <data_dir>/analytics/checkpoint
     analytics_stream: bool = True  # run the streaming job of rolling aggregates
-    analytics_stream_interval: float = 10.0  # seconds between its micro-batches
+    analytics_stream_interval: float = 5.0  # seconds between its micro-batches
     analytics_stream_files: int = 100  # new lake files per micro-batch at most
     analytics_partitions: int = 4  # spark.sql.shuffle.partitions
     analytics_memory: str = "1g"  # spark.driver.memory of the worker
+    analytics_preload: bool = True  # start the worker in the background with the gateway
+    analytics_idle_seconds: float = 0.0  # an idle worker is stopped after this long (0: never)
     # metrics and readiness (docs/METRICS.md)
     metrics_access: str = "scope"  # who may GET /metrics: scope, loopback or open
     ready_commit_timeout: float = 2.0  # seconds /readyz waits for a test commit
@@ -219,6 +224,7 @@ class Config:
     otlp_endpoint: str = ""  # OTLP/HTTP traces URL (http://collector:4318/v1/traces); "": none
     tracing_service: str = "restms-gateway"  # the spans' service.name
     tracing_sample: float = 1.0  # share of new traces recorded (a caller's decision is kept)
+    ready_needs_analytics: bool = False  # an analytics worker that is not ready: not ready
     domains: tuple[tuple[str, str], ...] = ((DEFAULT_DOMAIN, "Default domain"),)
     feeds: tuple[FeedConfig, ...] = field(default=())
     # [[domains]] principals = [...]: who each domain admits (absent: everyone)
@@ -362,11 +368,15 @@ class Config:
             raise ConfigError("mirror_queue and mirror_rotate_bytes must be at least 1")
         if self.mirror_rotate_seconds <= 0:
             raise ConfigError("mirror_rotate_seconds must be positive")
+        for key in ("mirror_spill_bytes", "mirror_compact_after", "mirror_retention_days"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must not be negative")
         for key in ("analytics_timeout", "analytics_start_timeout", "analytics_stream_interval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key} must be positive")
-        if self.analytics_cache_seconds < 0:
-            raise ConfigError("analytics_cache_seconds must not be negative")
+        for key in ("analytics_cache_seconds", "analytics_idle_seconds"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key} must not be negative")
         for key in ("analytics_max_pending", "analytics_stream_files", "analytics_partitions"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1")
