@@ -205,6 +205,7 @@ class Server:
         if wrap:
             argv[1:1] = wrap
         full_env = dict(os.environ)
+        full_env["RESTMS_ANALYTICS_PRELOAD"] = "0"  # no JVM beside what is measured
         full_env.update(env or {})
         self._log = self.logfile.open("wb")
         self.proc = subprocess.Popen(

@@ -26,6 +26,10 @@ from gateway.server.run import make_runner, start_site
 from main import open_engine
 from tests import nodes
 
+# Gateways the tests start in processes of their own run no Spark worker unless a test
+# asks (a JVM each would cost the suite minutes of CPU); in-process ones: make_gateway.
+os.environ.setdefault("RESTMS_ANALYTICS_PRELOAD", "0")
+
 
 @dataclasses.dataclass
 class Gateway:
@@ -142,6 +146,8 @@ async def make_gateway(
 
     async def start(*, client_ssl: ssl.SSLContext | None = None, **overrides: Any) -> Gateway:
         overrides.setdefault("data_dir", str(tmp_path / "var"))
+        # A JVM per test gateway would cost minutes of CPU: the Spark tests ask for one.
+        overrides.setdefault("analytics_preload", False)
         closers: list[Callable[[], Awaitable[None]]] = []
         if topology == "three-nodes":
             app, url, closers = await nodes.start(serve, Config, overrides)
