@@ -458,15 +458,22 @@ class Lake:
 
 def serve(conn: Connection, config: WriterConfig) -> None:
     """The writer process: rows and requests from the gateway's end of ``conn``
-    (marshalled), answered with the counters after each request and whenever they
-    change. Ends on "stop" or when the gateway's end closes."""
+    (marshalled), answered with the counters (and the number of frames taken in, so
+    that the gateway's thread knows how far behind this process is) after each request
+    and whenever they change. Ends on "stop" or when the gateway's end closes. A
+    :class:`~spark_sink.compact.Compactor` thread keeps the lake compact and within its
+    retention meanwhile."""
+    from .compact import Compactor
+
     # Signals are the gateway's to handle: a Ctrl-C or a SIGTERM sent to the whole
     # process group must not end this process before the gateway asks it to stop
     # (it would lose its open files); if the gateway dies, the pipe's end says so.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     lake = Lake(config)
+    compactor = Compactor.for_lake(config)
     sent: tuple[object, ...] = ()
+    frames = 0
     try:
         while True:
             request: str | None = None
@@ -474,10 +481,12 @@ def serve(conn: Connection, config: WriterConfig) -> None:
                 message = marshal.loads(conn.recv_bytes())  # noqa: S302 - our own pipe
                 if isinstance(message, list):
                     lake.add(message)
+                    frames += 1
                 else:
                     request = message
             lake.rotate(everything=request is not None)
-            state = (*dataclasses.astuple(lake.counters), lake.open_files)
+            done = compactor.counters() if compactor is not None else {}
+            state = (*dataclasses.astuple(lake.counters), lake.open_files, frames, done)
             if request is not None or state != sent:
                 conn.send_bytes(marshal.dumps((request, state)))
                 sent = state
@@ -485,3 +494,6 @@ def serve(conn: Connection, config: WriterConfig) -> None:
                 return
     except (EOFError, OSError):
         lake.rotate(everything=True)  # the gateway went away: keep what was written
+    finally:
+        if compactor is not None:
+            compactor.stop()

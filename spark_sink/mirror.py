@@ -19,8 +19,10 @@ A background thread (:class:`spark_sink.writer.Writer`) takes events off the que
 and hands them to a writer process (:mod:`spark_sink.lake`), which turns them into
 Arrow record batches and writes Parquet files into the lake. Each counter is written
 by one thread only: ``offered`` (events queued) and ``dropped`` by the loop, the
-others by the writer thread (``taken`` as it takes events, ``written``, ``files``,
-``bytes``, ``errors`` and ``lost`` as the process reports them). What waits is
+others by the writer thread (``taken`` as it takes events, ``overflow`` and the spill's
+counters as it spills, ``written``, ``files``, ``bytes``, ``errors`` and ``lost`` as the
+process reports them). The status's ``dropped`` is ``dropped + overflow``: events the
+queue refused, and events taken that found no room in the spill. What waits is
 ``offered - taken`` (never less than the truth: the writer counts what it took
 after taking it), and ``emitted`` is ``offered + dropped``.
 
@@ -49,9 +51,13 @@ class MirrorConfig:
     lake: str  # a local directory, or a URI pyarrow can write (s3://, s3a://, gs://, hdfs://)
     queue: int = 100_000  # events waiting for the writer at most; more are dropped
     rotate_bytes: int = 64 * 1024 * 1024  # a file is closed once it is this big
-    rotate_seconds: float = 300.0  # ... or this old
+    rotate_seconds: float = 3.0  # ... or this old
     batch_rows: int = 8192  # rows per record batch (one Parquet row group)
     poll_seconds: float = 0.05  # the writer looks at the queue this often
+    spill_dir: str = ""  # where events wait on disk while the writer is behind ("": none)
+    spill_bytes: int = 0  # ... at most this many bytes of them (0: no spill)
+    compact_after: float = 0.0  # seconds before a lake file is compacted (0: never)
+    retention_days: float = 0.0  # lake files of older hours are deleted (0: kept)
 
     def __post_init__(self) -> None:
         if not self.lake:
@@ -62,6 +68,9 @@ class MirrorConfig:
         for key in ("rotate_seconds", "poll_seconds"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"mirror_{key} must be positive")
+        for key in ("spill_bytes", "compact_after", "retention_days"):
+            if getattr(self, key) < 0:
+                raise ValueError(f"mirror_{key} must not be negative")
 
 
 class Mirror:
@@ -80,6 +89,10 @@ class Mirror:
                 rotate_seconds=config.rotate_seconds,
                 batch_rows=config.batch_rows,
                 poll_seconds=config.poll_seconds,
+                spill_dir=config.spill_dir,
+                spill_bytes=config.spill_bytes,
+                compact_after=config.compact_after,
+                retention_days=config.retention_days,
             ),
             self._queue,
             self.counters,
@@ -122,7 +135,10 @@ class Mirror:
             "queue": self._capacity,
             "queued": counters.offered - counters.taken,
             "emitted": self.emitted,
-            "dropped": counters.dropped,
+            "dropped": counters.dropped + counters.overflow,
+            "spilled": counters.spilled,
+            "spill_bytes": counters.spill_bytes,
+            "spilled_total": counters.spilled_total,
             "written": counters.written,
             "files": counters.files,
             "bytes": counters.bytes,
@@ -132,7 +148,14 @@ class Mirror:
             "last_error": counters.last_error,
             "rotate_bytes": self.config.rotate_bytes,
             "rotate_seconds": self.config.rotate_seconds,
+            "spill_limit": self.config.spill_bytes,
+            "compact_after": self.config.compact_after,
+            "retention_days": self.config.retention_days,
+            **{key: counters.lake.get(key, 0) for key in LAKE_KEYS},
         }
+
+
+LAKE_KEYS = ("compactions", "compacted_files", "expired_partitions", "compaction_errors")
 
 
 class Offer(Protocol):

@@ -6,9 +6,15 @@ one feed when asked), aggregates them in Spark and collects a small table: a
 answer, the command line's table and the tests. Aggregates are small by design (feeds
 times buckets, or a top-N), so collecting them to the driver is cheap; the scan is the
 cost, and the range is pruned twice: by the Hive partition directories
-(``date=.../hour=...``, a filter on partition columns that Spark applies to the
-listing, so files of other hours are never opened) and by ``ts`` inside the files
-(pushed down to Parquet's row-group statistics).
+(``date=.../hour=...``: in a local lake the files of the range's hours are listed here,
+:func:`spark_sink.compact.files_between`, which also picks the files that hold each row
+once while compaction runs; elsewhere a filter on partition columns that Spark applies
+to its listing) and by ``ts`` inside the files (pushed down to Parquet's row-group
+statistics). A file compaction deleted between the listing and the reading fails the
+job: :func:`run` lists again and retries.
+
+Every answer also says how many events the mirror dropped in the range (``lost``: the
+``mirror_lost`` rows, of any feed), so that a count is never silently short.
 
 Definitions (every count is of events; see :mod:`spark_sink.schema`):
 
@@ -25,14 +31,15 @@ The rolling aggregates of the streaming job are read by :mod:`spark_sink.streami
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import schema
+from . import compact, schema
 from .params import (
     ADDRESSES,
     BRIDGES,
@@ -62,6 +69,7 @@ class Result:
     columns: tuple[str, ...]
     rows: tuple[tuple[Any, ...], ...]
     seconds: float = field(default=0.0, compare=False)
+    lost: int = 0  # events the mirror dropped in the range (see lost())
 
     def table(self) -> str:
         """The rows as a plain-text table (the command line's output)."""
@@ -71,7 +79,8 @@ class Result:
         lines.insert(1, "  ".join("-" * w for w in widths))
         p = self.params
         scope = f" feed {p.feed}" if p.feed else ""
-        lines.append(f"({len(self.rows)} rows; {iso(p.since)} to {iso(p.until)}{scope})")
+        missing = f"; {self.lost} events the mirror dropped are not counted" if self.lost else ""
+        lines.append(f"({len(self.rows)} rows; {iso(p.since)} to {iso(p.until)}{scope}{missing})")
         return "\n".join(lines)
 
     def wire(self) -> dict[str, Any]:
@@ -80,6 +89,7 @@ class Result:
             **self.params.wire(),
             "columns": list(self.columns),
             "rows": [list(row) for row in self.rows],
+            "lost": self.lost,
             "seconds": round(self.seconds, 3),
         }
 
@@ -121,7 +131,16 @@ def events(spark: SparkSession, lake: str, params: Params) -> DataFrame:
 
     if lake_missing(lake):
         return spark.createDataFrame([], spark_schema())
-    frame = spark.read.schema(spark_schema()).parquet(lake)
+    root = compact.local_lake(lake)
+    if root is None:
+        frame = spark.read.schema(spark_schema()).parquet(lake)
+    else:
+        since, until = params.since.timestamp(), params.until.timestamp()
+        files = compact.files_between(root, since, until)
+        if not files:
+            return spark.createDataFrame([], spark_schema())
+        reader = spark.read.schema(spark_schema()).option("basePath", str(root))
+        frame = reader.parquet(*files)
     last = params.until - datetime.timedelta(microseconds=1)  # until is excluded
     d0, h0 = f"{params.since:%Y-%m-%d}", params.since.hour
     d1, h1 = f"{last:%Y-%m-%d}", last.hour
@@ -350,14 +369,48 @@ BATCH: dict[str, Query] = {
 }
 
 
+_T = TypeVar("_T")
+ATTEMPTS = 3  # listings a query tries when compaction deletes a file it listed
+
+
+def _vanished(exc: Exception) -> bool:
+    """Whether a Spark failure is a listed file that is gone (compaction, retention)."""
+    text = str(exc)
+    return "FileNotFoundException" in text or "FILE_NOT_EXIST" in text
+
+
+def lost(spark: SparkSession, lake: str, params: Params) -> int:
+    """The events the mirror dropped in the range (every feed's: a drop has none)."""
+    from pyspark.sql import functions as F
+
+    frame = events(spark, lake, dataclasses.replace(params, feed=None)).where(
+        F.col("event") == schema.MIRROR_LOST
+    )
+    found = frame.agg(F.sum("size").alias("lost")).collect()
+    return int(found[0].lost or 0) if found else 0
+
+
+def retried(job: Callable[[], _T]) -> _T:
+    """``job`` (which lists the lake), again with a new listing when a file it listed
+    was deleted before it was read."""
+    for attempt in range(ATTEMPTS):
+        try:
+            return job()
+        except Exception as exc:  # Spark's errors: only a vanished file is retried
+            if attempt == ATTEMPTS - 1 or not _vanished(exc):
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def run(spark: SparkSession, lake: str, query: str, params: Params) -> Result:
     """Run one batch query (blocking: call it off any event loop)."""
     started = time.perf_counter()
-    columns, rows = BATCH[query](events(spark, lake, params), params)
+    columns, rows = retried(lambda: BATCH[query](events(spark, lake, params), params))
     return Result(
         query=query,
         params=params,
         columns=columns,
         rows=tuple(rows),
         seconds=time.perf_counter() - started,
+        lost=retried(lambda: lost(spark, lake, params)),
     )

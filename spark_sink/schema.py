@@ -39,6 +39,7 @@ DROP: Final = "drop"  # a copy not kept: full pipe skipped, oldest dropped, publ
 BRIDGE_IN: Final = "bridge_in"  # a message a bridge published from the far side
 BRIDGE_OUT: Final = "bridge_out"  # a message a bridge passed on to the far side
 WEBHOOK_ATTEMPT: Final = "webhook_attempt"  # one POST to a webhook receiver (outcome: status)
+MIRROR_LOST: Final = "mirror_lost"  # events the mirror could not keep (size: how many)
 
 EVENTS: Final = (
     PUBLISH,
@@ -52,10 +53,12 @@ EVENTS: Final = (
     BRIDGE_IN,
     BRIDGE_OUT,
     WEBHOOK_ATTEMPT,
+    MIRROR_LOST,
 )
 
 OK: Final = "ok"
 FULL: Final = "full"  # the outcome of a drop: the pipe was full and skipped the copy
+DROPPED: Final = "dropped"  # the outcome of mirror_lost: the mirror's queue was full
 
 # The columns of an event, in order; their Arrow types are :data:`spark_sink.lake.SCHEMA`
 # (pyarrow is loaded only where files are written or read, not in the gateway).
@@ -164,6 +167,12 @@ def routed_events(record: Routed) -> tuple[Event, Event]:
             None,
         ),
     )
+
+
+def lost_event(ts: float, count: int) -> Event:
+    """The row that says the mirror dropped ``count`` events (queue and spill full) just
+    before ``ts``: of no feed, its ``size`` the number of events."""
+    return (ts, MIRROR_LOST, "", "", "", None, None, None, count, None, DROPPED, None, None)
 
 
 def partition(ts: float) -> str:

@@ -9,6 +9,9 @@ are never listed. Every trigger (``analytics_stream_interval`` seconds, at most
 per-feed aggregates: publish, deliver and ack counts and the sum and count of
 publish->deliver latencies, so a mean over any set of minutes is exact.
 
+Only the mirror's raw files (``part-*``) are read: a compacted file
+(:mod:`spark_sink.compact`) holds rows of raw files the job has counted already.
+
 The aggregation runs in complete mode: Spark keeps the running totals in its state
 store under ``analytics_checkpoint`` and hands every micro-batch the whole table,
 which :class:`Rolling` keeps in memory for the ``rolling`` query and also writes to a
@@ -46,6 +49,7 @@ COLUMNS = (
     "deliver_latency_count",
     "deliver_mean_ms",
 )
+RAW_FILES = "part-*.parquet"  # the mirror's own files (spark_sink.compact: not compacted ones)
 KEEP_MINUTES = 7 * 24 * 60  # minutes kept in memory and in the snapshot, the newest
 QUERY_NAME = "restms-rolling"
 
@@ -85,6 +89,7 @@ class Rolling:
         stream = (
             self.spark.readStream.schema(spark_schema(partitions=False))
             .option("maxFilesPerTrigger", self.max_files)
+            .option("pathGlobFilter", RAW_FILES)  # compacted files hold rows counted already
             .parquet(self.lake)
         )
         deliver = F.col("event") == schema.DELIVER

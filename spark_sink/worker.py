@@ -24,6 +24,7 @@ closes (the gateway stopping) and stops the streaming job first.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -112,7 +113,8 @@ def _handle(line: str, spark: Any, rolling: Any, lake: str) -> dict[str, Any]:
             rolling.sync()
             return {"id": ident, "result": {"batches": rolling.batches}}
         if name == ROLLING:
-            result = rolling.result(params)
+            lost = queries.retried(lambda: queries.lost(spark, lake, params))
+            result = dataclasses.replace(rolling.result(params), lost=lost)
         else:
             result = queries.run(spark, lake, name, params)
     except Exception as exc:  # a Spark failure: answered, and the worker carries on

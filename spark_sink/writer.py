@@ -10,8 +10,16 @@ loop, socket or lock), and this thread only takes every event queued so far, eve
 ``poll_seconds``, and sends them down a pipe as one ``marshal`` frame (a fifth of a
 microsecond an event; the pipe write itself releases the GIL).
 
-The process answers with its counters whenever they change, and after each flush
-or stop request; the thread keeps them in :class:`Counters`. If the process dies
+The process answers with its counters whenever they change (among them the frames it
+has taken in), and after each flush or stop request; the thread keeps them in
+:class:`Counters`. At most :data:`IN_FLIGHT` frames are on their way to the process:
+when it is behind, the thread appends what it takes to a :class:`~spark_sink.spill.Spill`
+on the local disk instead of waiting on the pipe, and hands the spilled frames over,
+oldest first, as the process catches up. The thread never waits for the process, so
+the queue only has to hold what arrives between two polls. Rows that fit neither in
+the queue nor in the spill are dropped; the thread then writes one ``mirror_lost`` row
+into the lake (:func:`spark_sink.schema.lost_event`), so that the queries of the range
+say how many events they miss. If the process dies
 (or cannot be started) the events in hand are counted as ``lost``, the failure as
 an error, and a new process is started at the next batch, at most once every
 ``RESTART`` seconds. Errors are logged at most once every ``LOG_EVERY`` seconds,
@@ -28,12 +36,13 @@ import operator
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from .schema import REQUEST, ROUTED, ROUTED_ROWS, ROWS, Event, Request, Routed
+from .schema import REQUEST, ROUTED, ROUTED_ROWS, ROWS, Event, Request, Routed, lost_event
+from .spill import Spill
 
 MAX_ERROR = 500  # characters of an error kept in the status
 STOP = "stop"  # the last request; any other string asks for a flush
@@ -48,6 +57,10 @@ class WriterConfig:
     rotate_seconds: float
     batch_rows: int
     poll_seconds: float
+    spill_dir: str = ""  # where frames wait while the process is behind ("": no spill)
+    spill_bytes: int = 0  # ... at most this many bytes of them
+    compact_after: float = 0.0  # seconds before a file is compacted (0: never)
+    retention_days: float = 0.0  # files of hours older than this are deleted (0: kept)
 
 
 _MARK = operator.itemgetter(1)  # an event's kind, or a request record's mark
@@ -77,6 +90,7 @@ LOG_EVERY = 60.0  # seconds between warnings about write errors at most
 RESTART = 1.0  # seconds between attempts at starting the writer process at least
 ANSWER_WAIT = 60.0  # seconds a flush or stop request waits for the process at most
 FLUSH = "flush"
+IN_FLIGHT = 2  # frames handed to the process and not yet taken in, at most
 
 
 @dataclass(slots=True)
@@ -86,6 +100,10 @@ class Counters:
     offered: int = 0  # events the engine queued
     taken: int = 0  # events the writer thread took off the queue
     dropped: int = 0  # events the engine offered when the queue was full: not kept
+    overflow: int = 0  # events taken that fitted in no spill: not kept either
+    spilled: int = 0  # events waiting on disk for the process now
+    spill_bytes: int = 0  # ... and the bytes they take
+    spilled_total: int = 0  # events that ever waited on disk
     written: int = 0  # rows in complete files in the lake
     files: int = 0  # complete files in the lake
     bytes: int = 0  # ... and their size
@@ -93,6 +111,7 @@ class Counters:
     lost: int = 0  # rows those failures lost
     last_error: str = ""
     open_files: int = 0  # files being written (hidden until complete)
+    lake: dict[str, int] = field(default_factory=dict)  # compaction and retention
 
 
 LAKE_FIELDS = ("written", "files", "bytes", "errors", "lost")  # the process's counters
@@ -127,6 +146,11 @@ class Writer:
         self._logged = 0.0
         self._unlogged = 0
         self._warned_errors = 0
+        self._sent = 0  # frames handed to the current process
+        self._taken_in = 0  # ... and taken in by it
+        self._marked = 0  # dropped events already written as mirror_lost rows
+        spill_dir = config.spill_dir if config.spill_bytes > 0 else ""
+        self._spill = Spill(spill_dir, config.spill_bytes) if spill_dir else None
 
     def start(self) -> None:
         self._thread.start()
@@ -155,6 +179,7 @@ class Writer:
                 asks = [self._asks.popleft() for _ in range(len(self._asks))]
                 self._send_queued()
                 if asks or stopping:
+                    self._unspill()
                     self._request(STOP if stopping else FLUSH)
                 else:
                     self._answers(0)
@@ -172,16 +197,55 @@ class Writer:
         items: list[Event | Request | Routed] = list(
             itertools.islice(iter(queue.popleft, None), len(queue))
         )
-        if not items:
-            return
-        rows = count_rows(items)
-        self._counters.taken += rows
+        counters = self._counters
+        rows = count_rows(items) if items else 0
+        counters.taken += rows
+        marked = self._marked
+        dropped = counters.dropped + counters.overflow
+        if dropped > marked:  # said in the lake, so that queries of the range say it
+            items.append(lost_event(time.time(), dropped - marked))
+            self._marked = dropped
+        spill = self._spill
+        while spill is not None and spill and self._room():
+            frame, spilled = spill.pop()  # type: ignore[misc]  # not empty
+            self._hand(frame, spilled)
+        if items:
+            frame = marshal.dumps(items)
+            if spill is not None and (spill or not self._room()):
+                if not spill.push(frame, rows):
+                    counters.overflow += rows
+                    self._marked = marked  # the mark is lost too: the next one says it
+            else:
+                self._hand(frame, rows)
+        if spill is not None:
+            counters.spilled, counters.spill_bytes = spill.rows, spill.size
+            counters.spilled_total = spill.total_rows
+
+    def _unspill(self) -> None:
+        """Hand over everything spilled, waiting on the pipe as need be (a flush or stop
+        writes everything taken so far)."""
+        spill = self._spill
+        while spill is not None and spill:
+            frame, rows = spill.pop()  # type: ignore[misc]  # not empty
+            self._hand(frame, rows)
+        if spill is not None:
+            self._counters.spilled, self._counters.spill_bytes = spill.rows, spill.size
+
+    def _room(self) -> bool:
+        """Whether the process may be handed another frame without waiting."""
+        if self._process is None or not self._process.is_alive():
+            return True  # a new process will be started, with nothing in flight
+        self._answers(0)
+        return self._sent - self._taken_in < IN_FLIGHT
+
+    def _hand(self, frame: bytes, rows: int) -> None:
         conn = self._writer_process()
         if conn is None:
             self._counters.lost += rows
             return
         try:
-            conn.send_bytes(marshal.dumps(items))
+            conn.send_bytes(frame)
+            self._sent += 1
         except (OSError, ValueError) as exc:
             self._counters.lost += rows
             self._failed(f"cannot hand rows to the lake writer: {exc}")
@@ -221,10 +285,12 @@ class Writer:
 
     def _apply(self, state: tuple[Any, ...]) -> None:
         counters = self._counters
-        *numbers, last_error, open_files = state
+        *numbers, last_error, open_files, taken_in, lake = state
         for name, value in zip(LAKE_FIELDS, numbers, strict=True):
             setattr(counters, name, self._base[name] + value)
         counters.open_files = open_files
+        counters.lake = lake
+        self._taken_in = taken_in
         if last_error:
             counters.last_error = last_error
         if counters.errors > self._warned_errors:
@@ -255,6 +321,7 @@ class Writer:
         finally:
             theirs.close()
         self._process, self._conn = process, ours
+        self._sent = self._taken_in = 0
         return ours
 
     def _lost_process(self) -> None:
@@ -280,6 +347,10 @@ class Writer:
                 process.join(5)
         if conn is not None:
             conn.close()
+        if self._spill is not None:
+            if self._spill.rows:
+                self._counters.lost += self._spill.rows
+            self._spill.close()
 
     def _failed(self, error: str) -> None:
         counters = self._counters

@@ -26,6 +26,7 @@ from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.state import STATE
 from restms.errors import InsufficientScope
 from spark_sink.mirror import Mirror, MirrorConfig, redact
+from spark_sink.spill import default_directory
 
 MIRROR = web.AppKey("mirror", Mirror)
 MIRROR_PATH = "/admin/mirror"
@@ -41,6 +42,10 @@ def make_mirror(config: Config) -> Mirror | None:
             queue=config.mirror_queue,
             rotate_bytes=config.mirror_rotate_bytes,
             rotate_seconds=config.mirror_rotate_seconds,
+            spill_dir=default_directory(config.data_dir),
+            spill_bytes=config.mirror_spill_bytes,
+            compact_after=config.mirror_compact_after,
+            retention_days=config.mirror_retention_days,
         )
     )
 

@@ -271,8 +271,10 @@ async def test_a_full_queue_drops_and_counts(make_gateway: MakeGateway) -> None:
     await gw.stop()
     counters = mirror.counters
     rows = await asyncio.to_thread(checked_lake, lake)
-    assert counters.written == mirror.emitted - counters.dropped == len(rows) == 2
-    assert [r["message_id"] for r in rows] == ["first", "first"]
+    # Written: the first publish's two rows, and the row that says 200 were dropped.
+    assert counters.written == mirror.emitted - counters.dropped + 1 == len(rows) == 3
+    assert [r["message_id"] for r in rows if r["event"] != "mirror_lost"] == ["first", "first"]
+    assert [r["size"] for r in rows if r["event"] == "mirror_lost"] == [200]
 
 
 async def test_an_unwritable_lake_is_counted_and_the_gateway_serves_on(

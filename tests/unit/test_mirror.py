@@ -123,6 +123,7 @@ def test_node_ids_are_safe_in_file_names(host: str, node: str) -> None:
         "bridge_in",
         "bridge_out",
         "webhook_attempt",
+        "mirror_lost",
     }
 
 
@@ -249,7 +250,12 @@ def test_a_full_queue_drops_and_counts_without_waiting(tmp_path: Path) -> None:
     assert spent < 1.0  # ten microseconds an event at most, full or not
     mirror.start()
     assert mirror.stop(WAIT)
-    assert len(read_lake(tmp_path / "lake")) == 100
+    rows = read_lake(tmp_path / "lake").to_pylist()
+    kept = [r for r in rows if r["event"] != schema.MIRROR_LOST]
+    assert len(kept) == 100
+    # The drop is said in the lake itself, so that a query of the range says it.
+    (said,) = [r for r in rows if r["event"] == schema.MIRROR_LOST]
+    assert (said["size"], said["outcome"], said["feed"]) == (99_900, "dropped", "")
 
 
 def test_an_unwritable_lake_counts_errors_and_warns_rarely(
@@ -569,8 +575,9 @@ def test_a_routed_record_is_queued_and_dropped_as_two_rows(tmp_path: Path) -> No
     assert (status["emitted"], status["dropped"], status["queued"]) == (4, 2, 2)
     mirror.start()
     assert mirror.stop(WAIT)
-    assert (mirror.status()["written"], mirror.status()["queued"]) == (2, 0)
-    assert sorted(read_lake(tmp_path / "lake")["event"].to_pylist()) == ["publish", "route"]
+    assert (mirror.status()["written"], mirror.status()["queued"]) == (3, 0)  # and the mark
+    events = sorted(read_lake(tmp_path / "lake")["event"].to_pylist())
+    assert events == ["mirror_lost", "publish", "route"]
 
 
 def test_a_system_event_routed_during_a_publish_is_mirrored_as_its_own() -> None:
