@@ -2,8 +2,12 @@
 (docs/ANALYTICS.md, "How the gateway runs Spark", "Caching and timeouts").
 
 Theory of operation. :class:`Worker` owns one ``python -m spark_sink.worker`` child
-process, started on the first request (a gateway nobody asks for analytics never
-starts a JVM) and again after it ended or was stopped. It sends one JSON line per
+process, started in the background when the gateway starts (:meth:`Worker.preload`,
+``analytics_preload``), else on the first request, and again after it ended or was
+stopped. Its lifecycle is the state machine :data:`TRANSITIONS`; the state, since when
+and why are :meth:`Worker.status`, which ``GET /admin/analytics`` and ``/readyz`` show.
+A worker that answered nothing for ``idle_seconds`` is stopped and its memory
+released (``idle-released``); the next request starts a new one. It sends one JSON line per
 request and awaits one answer line: the event loop only awaits pipe I/O, never Spark.
 Requests go one at a time (Spark on a small machine gains nothing from two scans at
 once), at most ``max_pending`` wait behind the running one and more are refused at
@@ -32,13 +36,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import itertools
 import json
 import logging
 import sys
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -51,6 +56,28 @@ LINE_LIMIT = 16 * 1024 * 1024  # bytes of one answer at most
 CACHE_ENTRIES = 256  # answers kept at most (the oldest go first)
 STOP_WAIT = 15.0  # seconds a worker gets to end after its input closes
 ROOT = Path(__file__).resolve().parents[1]  # the worker runs from the project's root
+# An answer whose range reaches the last RECENT seconds is reused FRESH seconds at most,
+# whatever the cache time: new traffic shows in queries within ten seconds.
+RECENT = 60.0
+FRESH = 5.0
+
+# The worker's lifecycle. The rules: a worker is started from any state but "starting"
+# and "ready" (preload, or a request); a start ends "ready" or "failed" (no Java, a bad
+# master, no ready line in time); a ready worker is stopped by the gateway ("stopped"),
+# for idleness ("idle-released"), or ends otherwise ("failed": it died, answered out of
+# turn, or was killed because a query outlived its timeout).
+STOPPED = "stopped"
+STARTING = "starting"
+READY = "ready"
+IDLE_RELEASED = "idle-released"
+FAILED = "failed"
+TRANSITIONS: dict[str, frozenset[str]] = {
+    STOPPED: frozenset({STARTING}),
+    STARTING: frozenset({READY, FAILED, STOPPED}),
+    READY: frozenset({STOPPED, IDLE_RELEASED, FAILED}),
+    IDLE_RELEASED: frozenset({STARTING, STOPPED}),
+    FAILED: frozenset({STARTING, STOPPED}),
+}
 
 
 class AnalyticsError(Exception):
@@ -129,15 +156,75 @@ def _open_log(path: str) -> IO[bytes]:
 class Worker:
     """One worker process at a time, started when needed, one request at a time."""
 
-    def __init__(self, config: WorkerConfig, *, max_pending: int = 8) -> None:
+    def __init__(
+        self, config: WorkerConfig, *, max_pending: int = 8, idle_seconds: float = 0.0
+    ) -> None:
         self.config = config
         self.max_pending = max_pending
+        self.idle_seconds = idle_seconds  # 0: never released for idleness
         self.starts = 0  # workers started so far
         self._process: asyncio.subprocess.Process | None = None
         self._log: IO[bytes] | None = None
         self._lock = asyncio.Lock()
         self._waiting = 0
         self._ids = itertools.count(1)
+        self.state = STOPPED
+        self._since = time.time()
+        self._reason = ""
+        self._used = time.monotonic()  # when the last request ended
+        self._tasks: set[asyncio.Task[None]] = set()  # the preload and the idle watch
+
+    def _enter(self, state: str, reason: str = "") -> None:
+        """Move to ``state`` (a transition of :data:`TRANSITIONS`; staying is no move)."""
+        if state == self.state:
+            return
+        if state not in TRANSITIONS[self.state]:
+            raise RuntimeError(f"analytics worker: no transition {self.state} -> {state}")
+        self.state, self._since, self._reason = state, time.time(), reason
+        log.info("analytics worker %s", state, extra={"reason": reason} if reason else None)
+
+    def status(self) -> dict[str, Any]:
+        """The state, since when (UTC), why (for "failed"), the process and the starts."""
+        since = datetime.datetime.fromtimestamp(self._since, datetime.UTC)
+        process = self._process
+        return {
+            "state": self.state,
+            "since": since.isoformat(timespec="seconds").replace("+00:00", "Z"),
+            "reason": self._reason,
+            "pid": process.pid if process is not None and process.returncode is None else None,
+            "starts": self.starts,
+            "idle_seconds": self.idle_seconds,
+        }
+
+    def preload(self) -> None:
+        """Start the worker in the background now (a failure shows in the state)."""
+        self._spawn(self._preload())
+
+    async def _preload(self) -> None:
+        with contextlib.suppress(AnalyticsError):
+            async with self._lock:
+                await self._start()
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _watch_idle(self, process: asyncio.subprocess.Process) -> None:
+        """Stop ``process`` once it answered nothing for ``idle_seconds``."""
+        while self._process is process and process.returncode is None:
+            left = self._used + self.idle_seconds - time.monotonic()
+            if left > 0 or self._lock.locked():
+                await asyncio.sleep(max(left, 0.1))
+                continue
+            async with self._lock:
+                if self._process is not process or self._waiting:
+                    continue
+                if self._used + self.idle_seconds > time.monotonic():
+                    continue
+                await self._close(process)
+                self._enter(IDLE_RELEASED, f"no query for {self.idle_seconds:g} s")
+            return
 
     @property
     def running(self) -> bool:
@@ -149,6 +236,9 @@ class Worker:
         if process is not None and process.returncode is None:
             return process
         await self._reap()
+        if self.state == READY:  # it ended by itself since the last request
+            self._enter(FAILED, "the analytics worker ended")
+        self._enter(STARTING)
         if self.config.log_file and self._log is None:
             self._log = await asyncio.to_thread(_open_log, self.config.log_file)
         process = await asyncio.create_subprocess_exec(
@@ -167,13 +257,28 @@ class Worker:
                 line = await self._read(process)
         except TimeoutError:
             await self._reap()
-            raise WorkerFailed(
+            raise self._failed(
                 f"the analytics worker did not start within {self.config.start_timeout:g} s"
             ) from None
+        except WorkerFailed as exc:
+            raise self._failed(exc.reason) from None
+        except asyncio.CancelledError:
+            await self._reap()
+            self._enter(STOPPED, "its start was cancelled")
+            raise
         if not line.get("ready"):
             await self._reap()
-            raise WorkerFailed(f"the analytics worker could not start: {line.get('error')}")
+            raise self._failed(f"the analytics worker could not start: {line.get('error')}")
+        self._enter(READY)
+        self._used = time.monotonic()
+        if self.idle_seconds > 0:
+            self._spawn(self._watch_idle(process))
         return process
+
+    def _failed(self, reason: str) -> WorkerFailed:
+        """The worker is failed, for ``reason``: the error to raise."""
+        self._enter(FAILED, reason)
+        return WorkerFailed(reason)
 
     async def _read(self, process: asyncio.subprocess.Process) -> dict[str, Any]:
         if process.stdout is None:
@@ -211,18 +316,25 @@ class Worker:
                 except TimeoutError:
                     log.warning("analytics request timed out; worker stopped", extra=request)
                     await self._reap()
-                    raise TimedOut(f"the analytics query took longer than {timeout:g} s") from None
+                    reason = f"the analytics query took longer than {timeout:g} s"
+                    self._enter(FAILED, reason + "; the worker was stopped")
+                    raise TimedOut(reason) from None
                 except (ConnectionError, BrokenPipeError):
                     await self._reap()
-                    raise WorkerFailed("the analytics worker ended") from None
+                    raise self._failed("the analytics worker ended") from None
+                except WorkerFailed as exc:
+                    raise self._failed(exc.reason) from None
                 except asyncio.CancelledError:  # its answer would come to the next request
                     await self._reap()
+                    self._enter(FAILED, "a request was cancelled while it ran")
                     raise
+                finally:
+                    self._used = time.monotonic()
         finally:
             self._waiting -= 1
         if answer.get("id") != ident:
             await self._reap()
-            raise WorkerFailed("the analytics worker answered out of turn")
+            raise self._failed("the analytics worker answered out of turn")
         if "error" in answer:
             if answer.get("status") == 400:
                 raise Refused(str(answer["error"]))
@@ -238,15 +350,28 @@ class Worker:
             process.kill()
         await process.wait()
 
-    async def stop(self) -> None:
-        """End the worker: its input closes, it stops its streaming job and exits."""
-        process = self._process
-        if process is not None and process.returncode is None and process.stdin is not None:
+    async def _close(self, process: asyncio.subprocess.Process) -> None:
+        """End ``process`` gently: its input closes, it stops its streaming job and exits
+        (killed after :data:`STOP_WAIT` seconds)."""
+        if process.returncode is None and process.stdin is not None:
             process.stdin.close()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STOP_WAIT):
                     await process.wait()
         await self._reap()
+
+    async def stop(self) -> None:
+        """End the worker (a worker still starting is killed: it cannot be asked)."""
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        process = self._process
+        if process is not None:
+            await self._close(process)
+        if self.state != STOPPED:
+            self._enter(STOPPED, "the gateway stopped it")
         if self._log is not None:
             log_file, self._log = self._log, None
             await asyncio.to_thread(log_file.close)
@@ -296,18 +421,23 @@ class Analytics:
             request = {"op": "query", "query": name, "params": params.wire()}
             task = asyncio.create_task(self.worker.ask(request, self.timeout))
             self._running[key] = task
-            task.add_done_callback(lambda done: self._settle(key, done))
+            keep = self.cache_seconds
+            if params.until.timestamp() > time.time() - RECENT:
+                keep = min(keep, FRESH)  # new traffic must show soon
+            task.add_done_callback(lambda done: self._settle(key, done, keep))
         else:
             self.counters.shared += 1
         return await asyncio.shield(task), how
 
-    def _settle(self, key: tuple[str, ...], task: asyncio.Task[dict[str, Any]]) -> None:
+    def _settle(
+        self, key: tuple[str, ...], task: asyncio.Task[dict[str, Any]], keep: float
+    ) -> None:
         self._running.pop(key, None)
         if task.cancelled() or task.exception() is not None:
             self.counters.failed += 1
             return
-        if self.cache_seconds > 0:
-            self._cache[key] = (time.monotonic() + self.cache_seconds, task.result())
+        if keep > 0:
+            self._cache[key] = (time.monotonic() + keep, task.result())
             self._cache.move_to_end(key)
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
@@ -315,6 +445,20 @@ class Analytics:
     async def sync(self) -> dict[str, Any]:
         """Have the streaming job take in every file in the lake now (tests, tools)."""
         return await self.worker.ask({"op": "sync"}, self.timeout)
+
+    def status(self) -> dict[str, Any]:
+        """What ``GET /admin/analytics`` shows: on or off, the worker, the cache."""
+        return {
+            "enabled": self.enabled,
+            "worker": self.worker.status(),
+            "cache": self.stats(),
+        }
+
+    def start(self, *, preload: bool) -> None:
+        """The gateway started: with ``preload`` (and analytics on), the worker starts
+        in the background now rather than on the first query."""
+        if preload and self.enabled:
+            self.worker.preload()
 
     def stats(self) -> dict[str, Any]:
         return {

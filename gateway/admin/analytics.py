@@ -14,8 +14,13 @@ parameter, ``503`` while the worker is starting, busy or failed (or always, when
 setting ``analytics`` is off: no worker at all), ``504`` when the
 query outlived ``analytics_timeout`` (each with ``Retry-After``).
 
-    GET /analytics                 the query names and the cache's counters
+    GET /analytics                 the query names, the worker's state, the cache's counters
     GET /analytics/{query}?since=&until=&feed=&bucket=&limit=
+    GET /admin/analytics           on or off, the worker's state (stopped, starting, ready,
+                                   idle-released, failed) and since when, the cache
+
+The worker starts in the background with the gateway (``analytics_preload``) and is
+stopped with it; ``/admin/analytics`` is what a dashboard polls to show it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from spark_sink.service import Analytics, AnalyticsError, Refused, TimedOut, Wor
 
 ANALYTICS = web.AppKey("analytics", Analytics)
 PREFIX = "/analytics"
+ADMIN_PATH = "/admin/analytics"
 SCOPE = "restms:analytics"
 RETRY_AFTER = 5  # seconds a refused client should wait
 
@@ -59,6 +65,7 @@ def make_analytics(config: Config) -> Analytics:
             log_file=str(home / "worker.log"),
         ),
         max_pending=config.analytics_max_pending,
+        idle_seconds=config.analytics_idle_seconds,
     )
     return Analytics(
         worker,
@@ -69,6 +76,8 @@ def make_analytics(config: Config) -> Analytics:
 
 
 async def analytics_context(app: web.Application) -> AsyncIterator[None]:
+    """The worker starts in the background (``analytics_preload``); stops with the app."""
+    app[ANALYTICS].start(preload=app[CONFIG].analytics_preload)
     yield
     await app[ANALYTICS].stop()
 
@@ -93,8 +102,15 @@ def _json(data: object, headers: dict[str, str]) -> web.Response:
 
 async def index(request: web.Request) -> web.Response:
     _need_scope(request)
-    stats = request.app[ANALYTICS].stats()
-    return _json({"queries": list(QUERIES), "cache": stats}, {"Cache-Control": "no-store"})
+    service = request.app[ANALYTICS]
+    found = {"queries": list(QUERIES), "worker": service.worker.status(), "cache": service.stats()}
+    return _json(found, {"Cache-Control": "no-store"})
+
+
+async def admin_status(request: web.Request) -> web.Response:
+    """``GET /admin/analytics``: the service's status, for an admin or an analyst."""
+    _need_scope(request)
+    return _json(request.app[ANALYTICS].status(), {"Cache-Control": "no-store"})
 
 
 async def query(request: web.Request) -> web.Response:
@@ -123,4 +139,5 @@ def add_routes(app: web.Application) -> None:
     app[ANALYTICS] = make_analytics(app[CONFIG])
     app.router.add_get(PREFIX, index)
     app.router.add_get(PREFIX + "/{query}", query)
+    app.router.add_get(ADMIN_PATH, admin_status)
     app.cleanup_ctx.append(analytics_context)

@@ -11,9 +11,11 @@ thing it looked at. Not ready when:
   ``ready_commit_timeout`` seconds: publishes of persistent messages would fail or
   hang. The probe is also how a store whose last transaction failed shows that it
   commits again;
-* with ``ready_needs_bridges``, a bridge whose link is not ``up``.
+* with ``ready_needs_bridges``, a bridge whose link is not ``up``;
+* with ``ready_needs_analytics``, an analytics worker that is not ``ready``.
 
-Bridges do not decide by default: a broker or peer that is away does not stop the
+Bridges and the analytics worker (which starts in the background and may take a
+minute) do not decide by default: a broker or peer that is away does not stop the
 gateway serving HTTP (outbound messages wait in the bridge's pipe, bounded, and are
 sent when the link is back), and taking every gateway out of a load balancer because
 one broker is down would turn a partial outage into a full one. Their states are
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from gateway.admin.analytics import ANALYTICS
 from gateway.admin.bridging import BRIDGES
 from gateway.server.keys import CONFIG, SERVICE
 
@@ -40,6 +43,15 @@ async def readyz(request: web.Request) -> web.Response:
         state = bridge.status()["state"]
         line = f"bridge {bridge.name}: {state}"
         (reasons if state != "up" and config.ready_needs_bridges else seen).append(line)
+    analytics = app[ANALYTICS]
+    if analytics.enabled:  # the worker's state, for information unless configured
+        worker = analytics.worker.status()
+        line = f"analytics worker: {worker['state']} since {worker['since']}"
+        (reasons if worker["state"] != "ready" and config.ready_needs_analytics else seen).append(
+            line
+        )
+    else:
+        seen.append("analytics: off")
     lines = ["not ready" if reasons else "ready", *reasons, *seen]
     return web.Response(
         status=503 if reasons else 200,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import threading
 import time
@@ -20,17 +21,22 @@ pytestmark = pytest.mark.app
 NOWHERE = "amqp://127.0.0.1:1"  # refuses connections: the bridge never gets "up"
 
 
+SINCE = re.compile(r" since \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
+WORKER = "analytics worker: stopped"  # no query yet, and the tests' gateways preload none
+
+
 async def ready(gw: Gateway, **headers: str) -> tuple[int, list[str]]:
+    """The status and the lines, the analytics worker's without its time."""
     async with gw.http.get("/readyz", headers=headers) as r:
         assert r.content_type == "text/plain"
-        return r.status, (await r.text()).splitlines()
+        return r.status, [SINCE.sub("", line) for line in (await r.text()).splitlines()]
 
 
 async def test_a_running_gateway_is_ready_and_says_why(make_gateway: MakeGateway) -> None:
     gw = await make_gateway()
     status, lines = await ready(gw)
     assert status == 200
-    assert lines == ["ready", "store: committing"]
+    assert lines == ["ready", "store: committing", WORKER]
 
 
 async def test_readyz_is_public_even_when_anonymous_requests_are_not(
@@ -85,10 +91,10 @@ async def test_not_ready_while_the_store_cannot_commit(
     async with Lock(tmp_path / "var" / FILE_NAME):
         status, lines = await ready(gw)
         assert status == 503
-        assert lines == ["not ready", "store: no commit within 0.3 s"]
+        assert lines == ["not ready", "store: no commit within 0.3 s", WORKER]
     # The writer gets the lock once it is released (within sqlite's busy timeout).
     status, lines = await ready(gw)
-    assert (status, lines) == (200, ["ready", "store: committing"])
+    assert (status, lines) == (200, ["ready", "store: committing", WORKER])
 
 
 async def test_a_failed_commit_is_counted_and_the_probe_shows_recovery(
@@ -114,7 +120,7 @@ async def test_a_failed_commit_is_counted_and_the_probe_shows_recovery(
             "database is locked)"
         )
     status, lines = await ready(gw)  # the probe commits, which clears the failure
-    assert (status, lines) == (200, ["ready", "store: committing"])
+    assert (status, lines) == (200, ["ready", "store: committing", WORKER])
     assert not store.failing
 
 
@@ -141,6 +147,15 @@ async def test_bridges_are_listed_and_decide_only_when_configured_to(
     assert lines[0] == "not ready"
     assert lines[1].startswith("bridge up-north: ")
     assert not lines[1].endswith(": up")
+
+
+async def test_the_analytics_worker_is_listed_and_decides_only_when_configured_to(
+    make_gateway: MakeGateway,
+) -> None:
+    off = await make_gateway(analytics=False, mirror=False)
+    assert await ready(off) == (200, ["ready", "store: committing", "analytics: off"])
+    strict = await make_gateway(ready_needs_analytics=True, mirror=False)
+    assert await ready(strict) == (503, ["not ready", WORKER, "store: committing"])
 
 
 async def test_metrics_need_the_scope_unless_opened(make_gateway: MakeGateway) -> None:
