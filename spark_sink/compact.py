@@ -231,7 +231,7 @@ class Compactor:
             for name in chosen
             if (m := _RAW_NAME.fullmatch(name)) is not None and after < m[1] <= upto
         ]
-        if len(raw) >= MIN_FILES or (over and raw):
+        if len(raw) >= MIN_FILES or (over and raw and kept):
             self._write(directory, after, upto, raw)
         elif over and len(kept) > 1:
             self._merge(directory, kept)

@@ -155,6 +155,14 @@ def events(spark: SparkSession, lake: str, params: Params) -> DataFrame:
     return frame
 
 
+def traffic(spark: SparkSession, lake: str, params: Params) -> DataFrame:
+    """:func:`events` but the mirror's own ``mirror_lost`` rows (which :func:`lost`
+    counts): the events of messages."""
+    from pyspark.sql import functions as F
+
+    return events(spark, lake, params).where(F.col("event") != schema.MIRROR_LOST)
+
+
 def count_of(event: str, *, ok: bool = False) -> Column:
     from pyspark.sql import functions as F
 
@@ -376,16 +384,23 @@ ATTEMPTS = 3  # listings a query tries when compaction deletes a file it listed
 def _vanished(exc: Exception) -> bool:
     """Whether a Spark failure is a listed file that is gone (compaction, retention)."""
     text = str(exc)
-    return "FileNotFoundException" in text or "FILE_NOT_EXIST" in text
+    return any(
+        sign in text for sign in ("FileNotFoundException", "FILE_NOT_EXIST", "PATH_NOT_FOUND")
+    )
 
 
 def lost(spark: SparkSession, lake: str, params: Params) -> int:
     """The events the mirror dropped in the range (every feed's: a drop has none)."""
     from pyspark.sql import functions as F
 
-    frame = events(spark, lake, dataclasses.replace(params, feed=None)).where(
-        F.col("event") == schema.MIRROR_LOST
-    )
+    root = compact.local_lake(lake)
+    if lake_missing(lake) or (
+        root is not None
+        and not compact.files_between(root, params.since.timestamp(), params.until.timestamp())
+    ):
+        return 0  # no file in the range: no job to run
+    every_feed = dataclasses.replace(params, feed=None)
+    frame = events(spark, lake, every_feed).where(F.col("event") == schema.MIRROR_LOST)
     found = frame.agg(F.sum("size").alias("lost")).collect()
     return int(found[0].lost or 0) if found else 0
 
@@ -405,7 +420,7 @@ def retried(job: Callable[[], _T]) -> _T:
 def run(spark: SparkSession, lake: str, query: str, params: Params) -> Result:
     """Run one batch query (blocking: call it off any event loop)."""
     started = time.perf_counter()
-    columns, rows = retried(lambda: BATCH[query](events(spark, lake, params), params))
+    columns, rows = retried(lambda: BATCH[query](traffic(spark, lake, params), params))
     return Result(
         query=query,
         params=params,

@@ -10,6 +10,8 @@ Decided behaviour under test (docs/ANALYTICS.md, "Queries"):
 * Counts agree with pyarrow reading the same files, and a range of one hour reads
   only that hour's partition.
 * A lake that does not exist yet answers no rows.
+* Every answer says how many events the mirror dropped in its range (``lost``).
+* A compaction that deletes the files a query listed does not change its answer.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pyarrow.dataset as ds
 import pytest
 
 import main
-from spark_sink import queries, schema, synth
+from spark_sink import compact, queries, schema, synth
 from spark_sink.params import UTC
 from tests.spark import lake
 
@@ -115,3 +117,51 @@ def test_the_command_line_prints_a_table(spark, lake_dir, capsys):
     assert '"published"' in capsys.readouterr().out
     assert main.main(["analytics", "latency", "--since", "soon"]) == 2
     assert "since must be an ISO 8601 time" in capsys.readouterr().err
+
+
+def test_every_answer_says_what_the_mirror_dropped_in_its_range(spark, tmp_path, events):
+    """A ``mirror_lost`` row counts in ``lost`` (whatever the feed asked for) and in no
+    query's rows."""
+    synth.write(tmp_path, [*events, schema.lost_event(lake.T0 + 50, 7)])
+    for query in sorted(queries.BATCH):
+        result = queries.run(spark, str(tmp_path), query, lake.params())
+        assert list(result.rows) == lake.expected(query, events, lake.params()), query
+        assert result.lost == 7
+        assert result.wire()["lost"] == 7
+    one_feed = queries.run(spark, str(tmp_path), "throughput", lake.params(feed="alerts"))
+    assert one_feed.lost == 7
+    later = datetime.datetime.fromtimestamp(lake.T0 + 3600, UTC)
+    assert queries.run(spark, str(tmp_path), "latency", lake.params(since=later)).lost == 0
+    assert "7 events the mirror dropped are not counted" in one_feed.table()
+
+
+def test_queries_answer_while_the_lake_is_compacted(spark, tmp_path, events, monkeypatch):
+    """A compaction round that deletes the files a query listed, between its listing and
+    its reading: the query lists again and answers exactly; after the round the
+    compacted files give the same answers."""
+    for row in events:  # a raw file per event: the lake compaction exists for
+        synth.write(tmp_path, [row])
+    compactor = compact.Compactor(
+        tmp_path, compact_after=60, retention_days=0, rotate_bytes=1 << 30
+    )
+    listed = compact.files_between
+    rounds = []
+
+    def listing_then_compaction(root, since, until):
+        found = listed(root, since, until)
+        if not rounds:  # the first listing only: then the files it named are gone
+            rounds.append(compactor.round(lake.T0 + 3 * 3600))
+        return found
+
+    monkeypatch.setattr(compact, "files_between", listing_then_compaction)
+    p = lake.params()
+    result = queries.run(spark, str(tmp_path), "failures", p)
+    assert rounds
+    assert compactor.done["compacted_files"] == len(events) - 1  # all but the day before
+    assert list(result.rows) == lake.expected("failures", events, p)
+    monkeypatch.undo()
+    assert not list(tmp_path.rglob("date=2026-11-21/*/part-*"))
+    for query in sorted(queries.BATCH):
+        assert list(queries.run(spark, str(tmp_path), query, p).rows) == lake.expected(
+            query, events, p
+        )
