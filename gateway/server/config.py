@@ -209,7 +209,7 @@ class Config:
     analytics_max_pending: int = 8  # queries waiting for the worker at most; then 503
     analytics_checkpoint: str = ""  # streaming checkpoint; "": <data_dir>/analytics/checkpoint
     analytics_stream: bool = True  # run the streaming job of rolling aggregates
-    analytics_stream_interval: float = 5.0  # seconds between its micro-batches
+    analytics_stream_interval: float = 2.0  # seconds between its micro-batches
     analytics_stream_files: int = 100  # new lake files per micro-batch at most
     analytics_partitions: int = 4  # spark.sql.shuffle.partitions
     analytics_memory: str = "1g"  # spark.driver.memory of the worker
