@@ -87,7 +87,9 @@ class Rolling:
         if lake_missing(self.lake):
             Path(self.lake.removeprefix("file:")).mkdir(parents=True, exist_ok=True)
         stream = (
-            self.spark.readStream.schema(spark_schema(partitions=False))
+            # With the partition columns: a job started on a lake with no partition
+            # directory yet would fail at the first file otherwise (its columns differ).
+            self.spark.readStream.schema(spark_schema())
             .option("maxFilesPerTrigger", self.max_files)
             .option("pathGlobFilter", RAW_FILES)  # compacted files hold rows counted already
             .parquet(self.lake)

@@ -3,8 +3,9 @@
 
 Theory of operation. The gateway never starts a JVM in its own process: it spawns
 ``python -m spark_sink.worker`` (:mod:`spark_sink.service`) and talks to it in JSON
-lines. The worker builds the SparkSession, starts the streaming job, then prints one
-line, ``{"ready": true}`` (or ``{"ready": false, "error": ...}`` and exits), and
+lines. The worker builds the SparkSession, starts the streaming job, runs a query once
+(a JVM's first jobs are its slowest: that is start-up time, not the first user's),
+then prints one line, ``{"ready": true}`` (or ``{"ready": false, "error": ...}`` and exits), and
 answers requests one at a time, in order, each with one line carrying the request's
 ``id``::
 
@@ -80,6 +81,7 @@ def serve(args: argparse.Namespace, requests: IO[str], out: IO[str]) -> int:
     except Exception as exc:  # reported to the gateway, which logs it
         _answer(out, {"ready": False, "error": _short(exc)})
         return 1
+    _warm_up(spark, args.lake)
     _answer(out, {"ready": True, "queries": list(QUERIES)})
     try:
         for line in requests:
@@ -88,6 +90,23 @@ def serve(args: argparse.Namespace, requests: IO[str], out: IO[str]) -> int:
         rolling.stop()
         spark.stop()
     return 0
+
+
+def _warm_up(spark: Any, lake: str) -> None:
+    """Run a query once over the last minute before saying ready: a JVM's first jobs
+    (class loading, code generation) take many times longer than the next, and that
+    time belongs to starting, not to the first user's query."""
+    import datetime
+
+    from . import queries
+    from .params import UTC
+
+    until = datetime.datetime.now(UTC)
+    params = Params(since=until - datetime.timedelta(minutes=1), until=until)
+    try:
+        queries.run(spark, lake, "throughput", params)
+    except Exception as exc:  # the query will say it again when asked; not fatal
+        print(f"warm-up query failed: {_short(exc)}", file=sys.stderr)
 
 
 def _handle(line: str, spark: Any, rolling: Any, lake: str) -> dict[str, Any]:
