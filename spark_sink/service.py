@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the worker runs from the project's
 # An answer whose range reaches the last RECENT seconds is reused FRESH seconds at most,
 # whatever the cache time: new traffic shows in queries within ten seconds.
 RECENT = 60.0
-FRESH = 1.0
+FRESH = 2.0
 
 # The worker's lifecycle. The rules: a worker is started from any state but "starting"
 # and "ready" (preload, or a request); a start ends "ready" or "failed" (no Java, a bad

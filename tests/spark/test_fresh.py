@@ -9,7 +9,7 @@ Decided behaviour under test (docs/ANALYTICS.md, "How the gateway runs Spark",
   ``ready``; ``GET /admin/analytics`` and ``/readyz`` say so, with since when.
 * Messages published are counted by ``throughput`` and by the streaming job's
   ``rolling`` within ten seconds (files rotate every 3 s, the job runs every 2 s, an
-  answer reaching the present is cached 1 s at most); the answers say nothing was lost.
+  answer reaching the present is cached 2 s at most); the answers say nothing was lost.
 * A worker that answered nothing for ``analytics_idle_seconds`` is ``idle-released``:
   its process is gone.
 """
