@@ -106,12 +106,16 @@ def _analytics(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, RuntimeError) as exc:
         print(f"main.py: {exc}", file=sys.stderr)
         return 2
-    spark = session.build(
-        config.analytics_master,
-        shuffle_partitions=config.analytics_partitions,
-        memory=config.analytics_memory,
-    )
-    result = queries.run(spark, args.lake or config.lake, args.query, checked)
+    from admincli.progress import Progress
+
+    with Progress(sys.stderr, "starting Spark") as progress:  # shown on a terminal only
+        spark = session.build(
+            config.analytics_master,
+            shuffle_partitions=config.analytics_partitions,
+            memory=config.analytics_memory,
+        )
+        progress.step(f"running the {args.query} query")
+        result = queries.run(spark, args.lake or config.lake, args.query, checked)
     print(json.dumps(result.wire(), indent=2) if args.json else result.table())
     return 0
 
