@@ -19,7 +19,6 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from bench.common import free_port
@@ -35,8 +34,8 @@ def spark_home() -> Path:
 
 
 class Cluster:
-    """``with Cluster(logs) as cluster:`` a master and a worker; ``cluster.url`` is the
-    master URL (``spark://127.0.0.1:PORT``)."""
+    """A master and a worker: :meth:`start` (which returns once the worker is alive),
+    then :meth:`stop`; ``url`` is the master URL (``spark://127.0.0.1:PORT``)."""
 
     def __init__(self, logs: Path, *, memory: str = "1g", cores: int = 1) -> None:
         self.logs = logs
@@ -105,14 +104,3 @@ class Cluster:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(STOP_WAIT)
         self._processes.clear()
-
-    def __enter__(self) -> Cluster:
-        return self.start()
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        trace: TracebackType | None,
-    ) -> None:
-        self.stop()

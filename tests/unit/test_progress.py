@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import time
 
 from admincli.progress import CLEAR, Progress
@@ -16,13 +17,18 @@ from admincli.progress import CLEAR, Progress
 
 def test_a_terminal_sees_what_is_awaited_and_the_line_is_erased() -> None:
     leader, follower = os.openpty()
-    with os.fdopen(follower, "w") as terminal:
+    terminal = os.fdopen(follower, "w")
+    try:
         with Progress(terminal, "starting Spark", every=0.01) as progress:
             time.sleep(0.1)
             progress.step("running the latency query")
             time.sleep(0.1)
-        shown = os.read(leader, 65536).decode()
-    os.close(leader)
+        shown = ""
+        while select.select([leader], [], [], 0.2)[0]:  # a pty hands its output in pieces
+            shown += os.read(leader, 65536).decode()
+    finally:
+        terminal.close()
+        os.close(leader)
     assert "starting Spark ... 0 s" in shown
     assert "running the latency query ... 0 s" in shown
     assert shown.endswith(CLEAR)
