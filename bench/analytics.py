@@ -15,6 +15,12 @@ the same rounds on the same files:
   aggregation without Spark.
 
 Figures are medians over the rounds after the first.
+
+:func:`masters` (``python -m bench.analytics --masters [EVENTS]``) times the gateway's own
+worker process (:class:`spark_sink.service.Worker`, no streaming job) on ``local[*]``
+and on a Spark standalone cluster on 127.0.0.1 (one master, one worker of 1 GiB and
+one core, :mod:`bench.standalone`) over the same lake: the worker's start, its first
+query and the same query warm, for each batch query.
 """
 
 from __future__ import annotations
@@ -147,8 +153,71 @@ def describe(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+async def _time_worker(master: str, lake: Path, work: Path) -> dict[str, Any]:
+    from spark_sink.service import Worker, WorkerConfig
+
+    worker = Worker(
+        WorkerConfig(
+            lake=str(lake),
+            checkpoint=str(work / "checkpoint"),
+            snapshot=str(work / "rolling.json"),
+            master=master,
+            stream=False,
+            log_file=str(work / "worker.log"),
+        )
+    )
+    day = Params(since=START, until=START + datetime.timedelta(hours=HOURS), bucket=BUCKET)
+    found: dict[str, Any] = {"master": master}
+    try:
+        t0 = time.perf_counter()
+        await worker.ask({"op": "sync"}, 600)  # starts the worker (no stream: answers at once)
+        found["start_s"] = time.perf_counter() - t0
+        for name in queries.BATCH:
+            request = {"op": "query", "query": name, "params": day.wire()}
+            first, _ = await _atime(worker.ask(request, 600))
+            warm, answer = await _atime(worker.ask(request, 600))
+            found[name] = {"first_s": first, "warm_s": warm, "rows": len(answer["rows"])}
+            log(f"analytics: {master} {name} first {first:.2f} s, warm {warm:.2f} s")
+    finally:
+        await worker.stop()
+    return found
+
+
+async def _atime(what: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    answer = await what
+    return time.perf_counter() - t0, answer
+
+
+def masters(count: int) -> dict[str, Any]:
+    """The worker on local[*], then on a standalone cluster, over the same lake."""
+    import asyncio
+    import os
+
+    from bench.standalone import Cluster
+
+    lake = lake_for(count)
+    out: dict[str, Any] = {"events": count, "load_average": [os.getloadavg()[0]]}
+    with tempfile.TemporaryDirectory(prefix="restms-bench-masters-") as tmp:
+        out["local"] = asyncio.run(_time_worker("local[*]", lake, Path(tmp) / "local"))
+        cluster = Cluster(Path(tmp) / "spark-logs")
+        t0 = time.perf_counter()
+        cluster.start()
+        out["cluster_start_s"] = time.perf_counter() - t0
+        try:
+            out["standalone"] = asyncio.run(_time_worker(cluster.url, lake, Path(tmp) / "sa"))
+        finally:
+            cluster.stop()
+    out["load_average"].append(os.getloadavg()[0])
+    return out
+
+
 if __name__ == "__main__":
+    import json
     import sys
 
-    outcome = run(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000_000, 3)
-    print("\n".join(describe(outcome)))
+    if sys.argv[1:2] == ["--masters"]:
+        print(json.dumps(masters(int(sys.argv[2]) if len(sys.argv) > 2 else 1_000_000), indent=1))
+    else:
+        outcome = run(int(sys.argv[1]) if len(sys.argv) > 1 else 10_000_000, 3)
+        print("\n".join(describe(outcome)))

@@ -9,12 +9,22 @@ rounds and the ratio is mirror-on over mirror-off (target: at least 0.90).
 
 At the end the mirror's own counters (``GET /admin/mirror``) say how many events it
 took, dropped and wrote, in how many files and bytes.
+
+:func:`drops` (``python -m bench.mirror --drops``) asks whether the mirror keeps up: the
+batched case, the gateway's fastest, on two mirror-on gateways, one with the spill
+(``mirror_spill_bytes``, the default) and one without (``0``, the queue alone, as before
+the spill existed), in alternating rounds. Each round reports the events emitted,
+dropped and spilled, the backlog (queued and spilled events) when the load ended, and
+how long the mirror took to write it all once the load was over.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 import tempfile
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -114,3 +124,94 @@ def describe(results: dict[str, Any]) -> list[str]:
     keys = ("emitted", "dropped", "written", "files", "bytes", "errors")
     lines.append("mirror: " + ", ".join(f"{k} {status.get(k)}" for k in keys))
     return lines
+
+
+DRAIN_WAIT = 300.0  # seconds the mirror may take to write its backlog after a round
+SPILL = {"spill": str(1024**3), "no-spill": "0"}
+
+
+def _drain(server: Server) -> float:
+    """Seconds until nothing is queued or spilled (a flush is not asked for: the writer
+    catches up on its own)."""
+    began = time.monotonic()
+    while time.monotonic() - began < DRAIN_WAIT:
+        status = _status(server)
+        if status["queued"] == 0 and status["spilled"] == 0:
+            return time.monotonic() - began
+        time.sleep(0.1)
+    raise RuntimeError(f"the mirror of {server.base} did not catch up in {DRAIN_WAIT:g} s")
+
+
+def drops(base_env: dict[str, str], rounds: int, duration: float) -> dict[str, Any]:
+    """The batched case on a mirror-on gateway with the spill and one without
+    (environment: ``ROUNDS``, ``SECONDS`` a round, ``QUEUE`` for ``mirror_queue``)."""
+    throughput.ensure_wrk()
+    servers = {
+        kind: start(
+            "gateway",
+            {**switched(base_env, True), "RESTMS_MIRROR_SPILL_BYTES": spill},
+            name=f"gateway-mirror-{kind}",
+        )
+        for kind, spill in SPILL.items()
+    }
+    out: dict[str, Any] = {kind: [] for kind in servers}
+    out["load_average"] = [os.getloadavg()[0]]
+    try:
+        with tempfile.TemporaryDirectory(prefix="restms-bench-drops-") as tmp:
+            body = Path(tmp) / "batch.body"
+            body.write_bytes(throughput.cases()["batch_xml"][0])
+            for n in range(rounds):
+                for kind in tuple(SPILL) if n % 2 == 0 else tuple(reversed(SPILL)):
+                    server = servers[kind]
+                    before = _status(server)
+                    found = throughput.measure(
+                        "gateway", server, "batch_xml", body, duration, f"d{n}"
+                    )
+                    after = _status(server)
+                    row = {
+                        "round": n,
+                        "msg_per_s": found["msg_per_s"],
+                        "wrk_errors": found["errors"],
+                        "emitted": after["emitted"] - before["emitted"],
+                        "dropped": after["dropped"] - before["dropped"],
+                        "spilled": after["spilled_total"] - before["spilled_total"],
+                        "backlog": after["queued"] + after["spilled"],
+                        "drain_s": _drain(server),
+                    }
+                    out[kind].append(row)
+                    log(f"  round {n + 1}/{rounds} {kind}: " + " ".join(
+                        f"{k}={v:.6g}" for k, v in row.items() if k != "round"))  # fmt: skip
+            out["load_average"].append(os.getloadavg()[0])
+            out["status"] = {kind: _status(server) for kind, server in servers.items()}
+    finally:
+        for server in servers.values():
+            server.stop()
+    return out
+
+
+def describe_drops(results: dict[str, Any]) -> list[str]:
+    lines = []
+    for kind in SPILL:
+        rows = results[kind]
+        rate = median([r["msg_per_s"] for r in rows])
+        total = {k: sum(r[k] for r in rows) for k in ("emitted", "dropped", "spilled")}
+        lines.append(
+            f"{kind}: batched {rate:.0f} msg/s (median), events {total['emitted']}, dropped "
+            f"{total['dropped']}, spilled {total['spilled']}, backlog at the end of a round "
+            f"at most {max(r['backlog'] for r in rows)}, written within "
+            f"{max(r['drain_s'] for r in rows):.1f} s after it"
+        )
+    return lines
+
+
+if __name__ == "__main__":
+    if "--drops" in sys.argv:
+        from bench.run_all import GATEWAY_ENV
+
+        env = dict(GATEWAY_ENV)
+        if "QUEUE" in os.environ:  # a smaller queue: the same pressure sooner
+            env["RESTMS_MIRROR_QUEUE"] = os.environ["QUEUE"]
+        rounds, duration = int(os.environ.get("ROUNDS", "3")), float(os.environ.get("SECONDS", "5"))
+        result = drops(env, rounds=rounds, duration=duration)
+        print(json.dumps(result, indent=1, default=str))
+        print("\n".join(describe_drops(result)))

@@ -93,6 +93,7 @@ class Mirror:
                 spill_bytes=config.spill_bytes,
                 compact_after=config.compact_after,
                 retention_days=config.retention_days,
+                queue=config.queue,
             ),
             self._queue,
             self.counters,

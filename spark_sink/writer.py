@@ -16,7 +16,8 @@ has taken in), and after each flush or stop request; the thread keeps them in
 when it is behind, the thread appends what it takes to a :class:`~spark_sink.spill.Spill`
 on the local disk instead of waiting on the pipe, and hands the spilled frames over,
 oldest first, as the process catches up. The thread never waits for the process, so
-the queue only has to hold what arrives between two polls. Rows that fit neither in
+the queue only has to hold what arrives between two polls; when a poll finds more
+than a sixteenth of the queue's capacity, the next comes ten times sooner. Rows that fit neither in
 the queue nor in the spill are dropped; the thread then writes one ``mirror_lost`` row
 into the lake (:func:`spark_sink.schema.lost_event`), so that the queries of the range
 say how many events they miss. If the process dies
@@ -61,6 +62,7 @@ class WriterConfig:
     spill_bytes: int = 0  # ... at most this many bytes of them
     compact_after: float = 0.0  # seconds before a file is compacted (0: never)
     retention_days: float = 0.0  # files of hours older than this are deleted (0: kept)
+    queue: int = 100_000  # the queue's capacity (a poll that takes much of it: poll sooner)
 
 
 _MARK = operator.itemgetter(1)  # an event's kind, or a request record's mark
@@ -91,6 +93,7 @@ RESTART = 1.0  # seconds between attempts at starting the writer process at leas
 ANSWER_WAIT = 60.0  # seconds a flush or stop request waits for the process at most
 FLUSH = "flush"
 IN_FLIGHT = 2  # frames handed to the process and not yet taken in, at most
+BUSY = 16  # a poll that took more than 1/BUSY of the queue's capacity: a burst
 
 
 @dataclass(slots=True)
@@ -146,6 +149,7 @@ class Writer:
         self._logged = 0.0
         self._unlogged = 0
         self._warned_errors = 0
+        self._pause = config.poll_seconds  # until the next look at the queue
         self._sent = 0  # frames handed to the current process
         self._taken_in = 0  # ... and taken in by it
         self._marked = 0  # dropped events already written as mirror_lost rows
@@ -173,7 +177,7 @@ class Writer:
     def _run(self) -> None:
         try:
             while True:
-                self._wake.wait(self.config.poll_seconds)
+                self._wake.wait(self._pause)
                 self._wake.clear()
                 stopping = self._stopping
                 asks = [self._asks.popleft() for _ in range(len(self._asks))]
@@ -199,12 +203,11 @@ class Writer:
         )
         counters = self._counters
         rows = count_rows(items) if items else 0
+        # Under a burst, poll ten times as often: the queue then holds what arrives in a
+        # tenth of the time, far from full (at 200,000 events a second, 50 ms is 10,000).
+        busy = rows * BUSY > self.config.queue
+        self._pause = self.config.poll_seconds / (10 if busy else 1)
         counters.taken += rows
-        marked = self._marked
-        dropped = counters.dropped + counters.overflow
-        if dropped > marked:  # said in the lake, so that queries of the range say it
-            items.append(lost_event(time.time(), dropped - marked))
-            self._marked = dropped
         spill = self._spill
         while spill is not None and spill and self._room():
             frame, spilled = spill.pop()  # type: ignore[misc]  # not empty
@@ -214,20 +217,32 @@ class Writer:
             if spill is not None and (spill or not self._room()):
                 if not spill.push(frame, rows):
                     counters.overflow += rows
-                    self._marked = marked  # the mark is lost too: the next one says it
             else:
                 self._hand(frame, rows)
+        if (spill is None or not spill) and self._room():
+            self._say_dropped()
         if spill is not None:
             counters.spilled, counters.spill_bytes = spill.rows, spill.size
             counters.spilled_total = spill.total_rows
 
+    def _say_dropped(self) -> None:
+        """Hand the process a ``mirror_lost`` row for the events dropped since the last
+        one, so that the lake, and the queries of the range, say it. Never spilled (a
+        full spill is why there are any): sent when the process has room."""
+        counters = self._counters
+        dropped = counters.dropped + counters.overflow
+        if dropped > self._marked:
+            self._hand(marshal.dumps([lost_event(time.time(), dropped - self._marked)]), 0)
+            self._marked = dropped
+
     def _unspill(self) -> None:
         """Hand over everything spilled, waiting on the pipe as need be (a flush or stop
-        writes everything taken so far)."""
+        writes everything taken so far), and say what was dropped."""
         spill = self._spill
         while spill is not None and spill:
             frame, rows = spill.pop()  # type: ignore[misc]  # not empty
             self._hand(frame, rows)
+        self._say_dropped()
         if spill is not None:
             self._counters.spilled, self._counters.spill_bytes = spill.rows, spill.size
 
