@@ -390,19 +390,48 @@ def _vanished(exc: Exception) -> bool:
 
 
 def lost(spark: SparkSession, lake: str, params: Params) -> int:
-    """The events the mirror dropped in the range (every feed's: a drop has none)."""
+    """The events the mirror dropped in the range (every feed's: a drop has none). In
+    a local lake read with pyarrow (a tenth of a Spark job's time: 0.06-0.1 s against
+    0.8-1.1 s over a million events), elsewhere with Spark."""
     from pyspark.sql import functions as F
 
+    if lake_missing(lake):
+        return 0
     root = compact.local_lake(lake)
-    if lake_missing(lake) or (
-        root is not None
-        and not compact.files_between(root, params.since.timestamp(), params.until.timestamp())
-    ):
-        return 0  # no file in the range: no job to run
+    if root is not None:
+        return _lost_here(root, params)
     every_feed = dataclasses.replace(params, feed=None)
     frame = events(spark, lake, every_feed).where(F.col("event") == schema.MIRROR_LOST)
     found = frame.agg(F.sum("size").alias("lost")).collect()
     return int(found[0].lost or 0) if found else 0
+
+
+def _lost_here(root: Path, params: Params) -> int:
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    from .lake import SCHEMA
+
+    kind = SCHEMA.field("ts").type
+    since, until = params.since, params.until
+    wanted = (pc.field("event") == schema.MIRROR_LOST) & (
+        (pc.field("ts") >= pc.scalar(since).cast(kind))
+        & (pc.field("ts") < pc.scalar(until).cast(kind))
+    )
+    for attempt in range(ATTEMPTS):  # a file compaction deleted: list again
+        files = compact.files_between(root, since.timestamp(), until.timestamp())
+        if not files:
+            return 0
+        try:
+            table = ds.dataset(files, schema=SCHEMA, format="parquet").to_table(
+                columns=["size"], filter=wanted
+            )
+        except FileNotFoundError:
+            if attempt == ATTEMPTS - 1:
+                raise
+            continue
+        return int(pc.sum(table["size"]).as_py() or 0)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 def retried(job: Callable[[], _T]) -> _T:
