@@ -14,7 +14,9 @@ thread's polls, and the disk, which is far larger, takes a burst.
 The file is an unnamed temporary file (``O_TMPFILE`` or created and unlinked at once),
 so a crash leaves nothing behind; each frame is stored as its length, its row count
 and its bytes. It is emptied (truncated) whenever everything in it has been handed
-over. A frame that would take the file past ``limit`` bytes is refused: the caller
+over; when a frame would take the file past ``limit`` bytes while its head has been
+handed over already, the frames still waiting are moved to its start first. A frame
+for which the waiting frames leave no room within ``limit`` is refused: the caller
 counts its rows as dropped. Only the writer thread uses a spill: no lock.
 """
 
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 _HEADER = struct.Struct("<II")  # frame length, rows
+REWIND_CHUNK = 1 << 20  # bytes copied at a time when the waiting frames move to the start
 
 
 class Spill:
@@ -59,6 +62,8 @@ class Spill:
             return False
         try:
             file = self._open()
+            if self._end + size > self.limit:  # the file's head was handed over: reuse it
+                self._rewind(file)
             file.seek(self._end)
             file.write(_HEADER.pack(len(frame), rows))
             file.write(frame)
@@ -70,6 +75,20 @@ class Spill:
         self.total_rows += rows
         self.peak = max(self.peak, self.size)
         return True
+
+    def _rewind(self, file: IO[bytes]) -> None:
+        """Move the frames still waiting to the start of the file and cut it there, so
+        that the file never holds more than ``limit`` bytes on disk."""
+        start = self._frames[0][0] - _HEADER.size
+        file.flush()
+        for offset in range(start, self._end, REWIND_CHUNK):
+            file.seek(offset)
+            chunk = file.read(min(REWIND_CHUNK, self._end - offset))
+            file.seek(offset - start)
+            file.write(chunk)
+        self._end -= start
+        file.truncate(self._end)
+        self._frames = deque((at - start, length, rows) for at, length, rows in self._frames)
 
     def pop(self) -> tuple[bytes, int] | None:
         """The oldest frame and its rows, taken out; None when the spill is empty."""

@@ -64,6 +64,25 @@ def test_the_spill_keeps_its_frames_in_order_within_its_limit(tmp_path: Path) ->
     spill.close()
 
 
+def test_the_spill_file_never_grows_past_its_limit(tmp_path: Path) -> None:
+    """A spill that is never empty (handed over a frame at a time while new ones come)
+    reuses the head of its file: it stays within its limit and keeps every frame."""
+    spill = Spill(str(tmp_path / "spill"), limit=1000)
+    frames = [bytes([n % 256]) * 92 for n in range(100)]  # 100 bytes a frame on disk
+    for frame in frames[:9]:
+        assert spill.push(frame, 1)
+    got = []
+    for frame in frames[9:]:
+        got.append(spill.pop())
+        assert spill.push(frame, 1)
+        assert spill._end <= 1000
+        assert os.fstat(spill._file.fileno()).st_size <= 1000  # type: ignore[union-attr]
+    while (found := spill.pop()) is not None:
+        got.append(found)
+    assert got == [(frame, 1) for frame in frames]
+    spill.close()
+
+
 def _stopped_writer(mirror: Mirror) -> int:
     """Start the writer process (one event), then stop it: it takes nothing more."""
     mirror.offer(ev(NOW, -1))
