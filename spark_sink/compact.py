@@ -197,9 +197,12 @@ class Compactor:
         while not self._stop.wait(self.interval):
             try:
                 self.round(time.time())
-            except (OSError, ValueError) as exc:  # pyarrow's errors are both
-                self.done["compaction_errors"] += 1
-                self.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
+            except OSError as exc:  # the lake itself (its lock, its listing)
+                self._failed(exc)
+
+    def _failed(self, exc: BaseException) -> None:
+        self.done["compaction_errors"] += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"[:MAX_ERROR]
 
     def round(self, now: float) -> None:
         """One pass over the lake, under its lock (skipped when another holds it)."""
@@ -218,10 +221,16 @@ class Compactor:
                     self.done["expired_partitions"] += 1
                     continue
                 if self.compact_after > 0:
-                    self._compact(directory, now, over=start + 3600 + self.compact_after <= now)
+                    try:
+                        self._compact(directory, now, over=start + 3600 + self.compact_after <= now)
+                    except (OSError, ValueError) as exc:  # pyarrow's errors are both
+                        self._failed(exc)  # counted; the other partitions go on
 
     def _compact(self, directory: Path, now: float, *, over: bool) -> None:
         names = [entry.name for entry in os.scandir(directory)]
+        for name in names:  # under the lock, a compaction's hidden file is a dead round's
+            if name.startswith(f".tmp-{COMPACTED}"):
+                (directory / name).unlink(missing_ok=True)
         chosen = select(names)
         kept = [c for c in map(_COMPACTED_NAME.fullmatch, chosen) if c is not None]
         after = max((c[2] for c in kept), default=EPOCH)

@@ -242,6 +242,28 @@ def test_a_round_compacts_old_files_merges_hours_that_are_over_and_expires(
     assert not list(lake.rglob(".tmp-*"))
 
 
+def test_a_bad_file_stops_its_partition_only_and_dead_rounds_are_cleared(tmp_path: Path) -> None:
+    lake = tmp_path / "lake"
+    before = _lake_with_old_and_young_files(lake)
+    hour10 = lake / schema.partition(NOW - 2.5 * HOUR)
+    hour12 = lake / schema.partition(NOW)
+    (hour10 / "part-20261127T100100Z-x-1-0000000000ff.parquet").write_bytes(b"not parquet")
+    dead = hour12 / ".tmp-compact-19700101T000000Z-20261127T120000Z-x-1-0000000000ee.parquet"
+    dead.write_bytes(b"half a file")
+    compactor = compact.Compactor(lake, compact_after=300, retention_days=30, rotate_bytes=1 << 30)
+    compactor.round(NOW)
+    assert compactor.done["compaction_errors"] == 1
+    assert "Parquet magic bytes not found" in compactor.last_error
+    assert not dead.exists()
+    assert (
+        rows_of([hour12 / n for n in _names(hour12) if n.startswith("compact-")])
+        + rows_of([hour12 / n for n in _names(hour12) if n.startswith("part-")])
+        == before["hour12"]
+    )
+    assert not list(hour10.glob("compact-*"))  # its inputs are all still there
+    assert len(list(hour10.glob("part-*"))) == 7
+
+
 def test_a_lake_locked_by_another_compactor_is_left_alone(tmp_path: Path) -> None:
     import fcntl
 
