@@ -116,6 +116,7 @@ _SQL: dict[str, str] = {
     "queue-": "DELETE FROM queued WHERE feed = ? AND qid = ?",
     "hook": "INSERT OR REPLACE INTO webhooks VALUES (?, ?)",
     "setting": "INSERT OR REPLACE INTO settings VALUES (?, ?)",
+    "setting-": "DELETE FROM settings WHERE name = ?",
 }
 # Deleting a feed or a pipe takes what hangs off it with it.
 _CASCADE: dict[str, tuple[str, ...]] = {
