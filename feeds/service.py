@@ -164,6 +164,7 @@ __all__ = [
     "WebhookAttempts",
     "WebhookProgress",
     "WebhookState",
+    "check_prefix",
     "check_setting",
 ]
 
@@ -173,6 +174,7 @@ Watched = TypeVar("Watched", DomainInfo, FeedInfo, PipeInfo, JoinInfo)
 # Settings (EngineService.setting): names the gateway's parts choose ("gateway-id",
 # "federation/<link>/pipe"), values small enough to read on every start.
 SETTING_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,200}")
+SETTING_PREFIX = re.compile(r"[A-Za-z0-9._:/-]{0,200}")  # what EngineService.list_settings takes
 SETTING_MAX = 4096  # characters of a setting's value
 
 
@@ -183,6 +185,12 @@ def check_setting(name: str, value: str | None = None) -> None:
         raise ValueError(f"a setting's name is 1-200 of A-Za-z0-9._:/-, not {name!r:.80}")
     if value is not None and (not isinstance(value, str) or len(value) > SETTING_MAX):
         raise ValueError(f"a setting's value is a string of at most {SETTING_MAX} characters")
+
+
+def check_prefix(prefix: str) -> None:
+    """ValueError unless ``prefix`` is 0-200 of ``A-Za-z0-9._:/-``."""
+    if not isinstance(prefix, str) or SETTING_PREFIX.fullmatch(prefix) is None:
+        raise ValueError(f"a settings prefix is 0-200 of A-Za-z0-9._:/-, not {prefix!r:.80}")
 
 
 class MirrorSink(Protocol):
@@ -525,6 +533,20 @@ class EngineService(Protocol):
         ``name`` holds is returned: the first writer wins, so every node of a cluster
         that offers a value of its own (a gateway id made at random) agrees on one.
         ValueError for a name or value :func:`check_setting` refuses."""
+        ...
+
+    async def list_settings(self, prefix: str) -> tuple[tuple[str, str], ...]:
+        """Every setting whose name begins with ``prefix`` (:func:`check_prefix`), as
+        (name, value) pairs in the order of their names. Settings are few (a gateway's
+        run-time bridges at most): all of them are read."""
+        ...
+
+    async def drop_setting(self, name: str, *, only: str | None = None) -> bool:
+        """Forget what ``name`` holds, once committed (503 when it cannot be): whether
+        it held something that is now gone. With ``only``, it is forgotten only while it
+        holds exactly ``only`` (compare and delete, in one step on the engine): of two
+        nodes that each read a value and then drop or replace it, one wins, and the
+        other is answered False and can read again."""
         ...
 
     # statistics

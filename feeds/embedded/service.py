@@ -552,6 +552,12 @@ class EmbeddedEngine:
     async def keep_setting(self, name: str, value: str, *, only_new: bool = False) -> str:
         return await self._settings.keep(name, value, only_new)
 
+    async def list_settings(self, prefix: str) -> tuple[tuple[str, str], ...]:
+        return await self._settings.listed(prefix)
+
+    async def drop_setting(self, name: str, *, only: str | None = None) -> bool:
+        return await self._settings.drop(name, only)
+
     # ------------------------------------------------------------ statistics and admin
     async def stats(self) -> Stats:
         return await self._admin.stats()

@@ -1,6 +1,8 @@
-"""The engine's settings (``EngineService.setting``, ``keep_setting``): a few durable
-values of the gateway's own, such as the gateway id every node of a cluster agrees on
-(docs/FEDERATION.md), kept across a restart and refused when their commit fails."""
+"""The engine's settings (``EngineService.setting``, ``keep_setting``, ``list_settings``,
+``drop_setting``): a few durable values of the gateway's own, such as the gateway id
+every node of a cluster agrees on (docs/FEDERATION.md) and the run-time bridges every
+node runs one of (docs/CLUSTER.md), kept across a restart and refused when their
+commit fails."""
 
 from __future__ import annotations
 
@@ -48,13 +50,62 @@ async def test_only_new_keeps_the_first_value_and_answers_it(engine: EngineServi
     assert await engine.setting("node-id") == answers[0]
 
 
+async def test_settings_are_listed_by_prefix_in_the_order_of_their_names(
+    engine: EngineService,
+) -> None:
+    assert await engine.list_settings("bridge/") == ()
+    await engine.keep_setting("bridge/b", "2")
+    await engine.keep_setting("bridge/a", "1")
+    await engine.keep_setting("bridges", "apart")  # begins with "bridge" but not "bridge/"
+    await engine.keep_setting("gateway-id", "site")
+    assert await engine.list_settings("bridge/") == (("bridge/a", "1"), ("bridge/b", "2"))
+    assert await engine.list_settings("bridge/a") == (("bridge/a", "1"),)
+    everything = await engine.list_settings("")
+    assert everything == tuple(sorted(everything))
+    assert {"bridge/a", "bridge/b", "bridges", "gateway-id"} <= {n for n, _ in everything}
+    for prefix in ("a b", "é", "x" * 201):
+        with pytest.raises(ValueError, match="prefix"):
+            await engine.list_settings(prefix)
+
+
+async def test_a_dropped_setting_is_gone_and_only_drops_what_it_was_given(
+    engine: EngineService,
+) -> None:
+    assert await engine.drop_setting("bridge/a") is False  # nothing held
+    await engine.keep_setting("bridge/a", "first")
+    assert await engine.drop_setting("bridge/a", only="other") is False  # compared first
+    assert await engine.setting("bridge/a") == "first"
+    assert await engine.drop_setting("bridge/a", only="first") is True
+    assert await engine.setting("bridge/a") is None
+    assert await engine.list_settings("bridge/") == ()
+    assert await engine.drop_setting("bridge/a", only="first") is False  # already gone
+    await engine.keep_setting("bridge/a", "again")
+    assert await engine.drop_setting("bridge/a") is True  # without only: whatever it held
+    # Dropped, the name is new again: the next only_new offer wins.
+    assert await engine.keep_setting("bridge/a", "later", only_new=True) == "later"
+    with pytest.raises(ValueError, match="name"):
+        await engine.drop_setting("a b")
+
+
+async def test_of_drops_racing_on_one_value_one_wins(engine: EngineService) -> None:
+    for attempt in range(5):
+        name = f"bridge/race-{attempt}"
+        await engine.keep_setting(name, "v")
+        won = await asyncio.gather(*(engine.drop_setting(name, only="v") for _ in range(10)))
+        assert won.count(True) == 1
+        assert await engine.setting(name) is None
+
+
 async def test_settings_survive_a_restart(restart: MakeEngine) -> None:
     """Embedded: the store, reopened on the same directory. Redis: another engine on
     the same namespace, as another node (or the same one started again) is."""
     engine = await restart()
     await engine.keep_setting("gateway-id", "site-a", only_new=True)
     await engine.keep_setting("federation/in/pipe", "http://127.0.0.1:1/restms/resource/p")
+    await engine.keep_setting("bridge/gone", "dropped before the restart")
+    assert await engine.drop_setting("bridge/gone", only="dropped before the restart")
     engine = await restart(crash=True)  # committed when it returned: no clean close needed
+    assert await engine.setting("bridge/gone") is None  # its drop was committed too
     assert await engine.setting("gateway-id") == "site-a"
     assert await engine.keep_setting("gateway-id", "site-b", only_new=True) == "site-a"
     assert await engine.setting("federation/in/pipe") == "http://127.0.0.1:1/restms/resource/p"
@@ -72,7 +123,9 @@ async def test_a_setting_whose_commit_fails_is_refused_and_not_kept(restart: Mak
         assert refused.value.retry_after > 0
         with pytest.raises(ServiceUnavailable):
             await engine.keep_setting("gateway-id", "lost", only_new=True)
-    assert await engine.setting("kept") == "before"
+        with pytest.raises(ServiceUnavailable):
+            await engine.drop_setting("kept", only="before")
+    assert await engine.setting("kept") == "before"  # the failed drop put it back
     assert await engine.setting("gateway-id") is None
     assert await engine.keep_setting("gateway-id", "retried", only_new=True) == "retried"
     engine = await restart()
@@ -124,6 +177,13 @@ async def test_two_nodes_offering_at_once_agree_on_one_value(blockbuster: BlockB
             )
             assert answers[0] == answers[1]
             assert [await node.setting(name) for node in nodes] == answers
+            # Each drops the value it read: one of them wins, as one node's delete of
+            # a run-time bridge does.
+            dropped = await asyncio.gather(
+                *(node.drop_setting(name, only=answers[0]) for node in nodes)
+            )
+            assert sorted(dropped) == [False, True]
+            assert [await node.list_settings(name) for node in nodes] == [(), ()]
     finally:
         for node in nodes:
             await node.close()
