@@ -827,6 +827,12 @@ class RedisEngine:
     async def keep_setting(self, name: str, value: str, *, only_new: bool = False) -> str:
         return await kept.keep(self, name, value, only_new)
 
+    async def list_settings(self, prefix: str) -> tuple[tuple[str, str], ...]:
+        return await kept.listed(self, prefix)
+
+    async def drop_setting(self, name: str, *, only: str | None = None) -> bool:
+        return await kept.drop(self, name, only)
+
     # ------------------------------------------------------------ webhooks
     def solo(self, name: str) -> Solo:
         return self.owners.solo(name)
