@@ -1,6 +1,9 @@
 """The gateway's bridges: those declared in the configuration file and those made at
-run time through the admin resource, which are kept in ``<data>/bridges.json`` (mode
-0600: broker passwords) so they come back after a restart.
+run time through the admin resource, which are kept so they come back after a restart:
+with the embedded engine in ``<data>/bridges.json`` (mode 0600: broker passwords,
+:class:`FileKept`); on a cluster in the engine's settings (``bridge/<name>``,
+:class:`EngineKept`), shared by every node: a bridge made through one node is run by
+one node of them all, listed by each, and deleted through any.
 
 Bridges start in the order they were declared (configured ones first) and stop in
 reverse order. A bridge that cannot reach its broker or feed does not hold up the
@@ -17,17 +20,26 @@ the embedded engine the one process always holds it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import secrets
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq.asyncio
 
-from feeds.service import Solo
-from restms.errors import BadRequest, Conflict, Forbidden, NotFound, ServiceUnavailable
+from feeds.service import SETTING_MAX, EngineService, Solo
+from restms.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    ServiceUnavailable,
+)
 
 from .amqp import AmqpBridge
 from .base import Host
@@ -42,6 +54,156 @@ log = logging.getLogger(__name__)
 
 AnyBridge = AmqpBridge | ZmqBridge | FederationLink
 
+MAX_KEPT = 100  # run-time bridges a gateway (all the nodes of a cluster) keeps
+WATCH = 1.0  # seconds between a cluster node's looks at the shared definitions
+CLAIM_WAIT = 15.0  # seconds a delete waits for the node running the bridge to stop it
+PREFIX = "bridge/"  # the engine settings that hold run-time bridges: bridge/<name>
+
+
+class Kept(Protocol):
+    """Where the run-time bridges' definitions are kept."""
+
+    shared: bool  # other nodes change them too: each node looks again every WATCH
+
+    async def load(self) -> dict[str, BridgeConfig]:
+        """Every definition kept, by name, in the order they are started."""
+        ...
+
+    async def add(self, config: BridgeConfig) -> bool:
+        """Keep ``config``: True when it is new, False when the same definition was kept
+        already; 409 when another holds its name (of two nodes adding one name at once,
+        one wins)."""
+        ...
+
+    async def drop(self, config: BridgeConfig) -> bool:
+        """Forget the definition kept under ``config.name`` if it is ``config``: whether
+        this call forgot it (of two deletes at once, one does)."""
+        ...
+
+
+class FileKept:
+    """One gateway's run-time bridges, in ``path`` (None: in memory, for this run)."""
+
+    shared = False
+
+    def __init__(self, path: Path | None) -> None:
+        self._path = path
+        self._kept: dict[str, BridgeConfig] | None = None
+
+    async def load(self) -> dict[str, BridgeConfig]:
+        if self._kept is None:
+            read = await asyncio.to_thread(self._read) if self._path else []
+            self._kept = {config.name: config for config in read}
+        return dict(self._kept)
+
+    async def add(self, config: BridgeConfig) -> bool:
+        kept = await self.load()
+        held = kept.get(config.name)
+        if held is not None:
+            if held == config:
+                return False
+            raise Conflict(f"a different bridge named {config.name!r} exists")
+        kept[config.name] = config
+        await self._save(kept)
+        return True
+
+    async def drop(self, config: BridgeConfig) -> bool:
+        kept = await self.load()
+        if kept.get(config.name) != config:
+            return False
+        del kept[config.name]
+        await self._save(kept)
+        return True
+
+    async def _save(self, kept: dict[str, BridgeConfig]) -> None:
+        if self._path is not None:
+            await asyncio.to_thread(self._write, [c.stored() for c in kept.values()])
+        self._kept = kept
+
+    def _write(self, kept: list[dict[str, Any]]) -> None:
+        assert self._path is not None
+        path = self._path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_name(path.name + ".tmp")
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"bridges": kept}, handle, indent=1)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+
+    def _read(self) -> list[BridgeConfig]:
+        assert self._path is not None
+        try:
+            data = json.loads(self._path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            log.error("cannot read %s (%s): run-time bridges not restored", self._path, exc)
+            return []
+        kept = []
+        for entry in data.get("bridges", []) if isinstance(data, dict) else []:
+            try:
+                kept.append(parse(entry))
+            except ValueError as exc:
+                log.error("a stored bridge is not valid any more (%s): skipped", exc)
+        return kept
+
+
+class EngineKept:
+    """The run-time bridges of every node sharing ``engine``: a setting each,
+    ``bridge/<name>``, holding ``{"made": <random>, "definition": {...}}`` with its
+    secrets (as bridges.json holds them; the engine's own access control guards
+    them). ``made`` tells the node that added a definition from one that found the
+    same definition there already (201 against 200)."""
+
+    shared = True
+
+    def __init__(self, engine: EngineService) -> None:
+        self._engine = engine
+
+    async def load(self) -> dict[str, BridgeConfig]:
+        kept = {}
+        for key, value in await self._engine.list_settings(PREFIX):
+            config = self._parse(key, value)
+            if config is not None:
+                kept[config.name] = config
+        return kept
+
+    async def add(self, config: BridgeConfig) -> bool:
+        value = json.dumps(
+            {"made": secrets.token_hex(8), "definition": config.stored()}, separators=(",", ":")
+        )
+        if len(value) > SETTING_MAX:
+            raise PayloadTooLarge(
+                f"a bridge definition may take {SETTING_MAX} characters as kept; "
+                f"this one takes {len(value)}"
+            )
+        key = PREFIX + config.name
+        held = await self._engine.keep_setting(key, value, only_new=True)
+        if held == value:
+            return True
+        if self._parse(key, held) == config:
+            return False
+        raise Conflict(f"a different bridge named {config.name!r} exists")
+
+    async def drop(self, config: BridgeConfig) -> bool:
+        key = PREFIX + config.name
+        held = await self._engine.setting(key)
+        if held is None or self._parse(key, held) != config:
+            return False
+        return await self._engine.drop_setting(key, only=held)
+
+    @staticmethod
+    def _parse(key: str, value: str) -> BridgeConfig | None:
+        """The definition ``value`` holds (logged by name only: it holds secrets)."""
+        try:
+            config = parse(json.loads(value)["definition"])
+        except (ValueError, KeyError, TypeError):
+            log.error("run-time bridge %s is not valid any more: skipped", key)
+            return None
+        return config if PREFIX + config.name == key else None
+
 
 class Registry:
     """Every bridge of one gateway, by name."""
@@ -51,13 +213,15 @@ class Registry:
         host: Host,
         configured: Sequence[BridgeConfig],
         *,
-        state_file: Path | None,
+        kept: Kept,
         max_body: int,
     ) -> None:
         self._host = host
         self._configured = tuple(configured)
-        self._state_file = state_file
+        self._kept = kept
         self._max_body = max_body
+        self._watching: asyncio.Task[None] | None = None  # a cluster node's look at kept
+        self._shadowed: set[str] = set()  # run-time names a configured bridge takes
         self._bridges: dict[str, AnyBridge] = {}
         self._solos: dict[str, Solo] = {}  # name -> this node's claim on running it
         self._following: dict[str, asyncio.Task[None]] = {}  # name -> its claim's watch
@@ -80,21 +244,25 @@ class Registry:
 
     # ------------------------------------------------------------ lifecycle
     async def start(self, gateway_id: str) -> None:
-        """Start the configured bridges, then the ones kept from earlier runs;
-        ``gateway_id`` is the name federation links give this gateway (docs/FEDERATION.md)."""
+        """Start the configured bridges, then the ones kept from earlier runs (or made
+        through other nodes); ``gateway_id`` is the name federation links give this
+        gateway (docs/FEDERATION.md)."""
         self.gateway_id = gateway_id
-        kept = await asyncio.to_thread(self._load) if self._state_file else []
         for config in self._configured:
             await self._start(config, configured=True)
-        for config in kept:
-            if config.name in self._bridges:
-                log.warning(
-                    "bridge %s is configured now; its run-time copy is dropped", config.name
-                )
-                continue
-            await self._start(config, configured=False)
+        try:
+            await self._sync()
+        except ServiceUnavailable as exc:  # the next look (on a cluster) tries again
+            log.warning("run-time bridges not read yet: %s", exc.reason)
+        if self._kept.shared:
+            self._watching = asyncio.create_task(self._watch(), name="bridges-kept")
 
     async def stop(self) -> None:
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+            self._watching = None
         for bridge in reversed(list(self._bridges.values())):
             await self._forget(bridge)
         self._bridges.clear()
@@ -104,6 +272,34 @@ class Registry:
             # every socket is closed; term() waits for their linger, so not on the loop
             await asyncio.to_thread(self._zmq.term)
             self._zmq = self._zap = None
+
+    async def _watch(self) -> None:
+        """A cluster node: follow the run-time bridges other nodes add and delete."""
+        while True:
+            await asyncio.sleep(WATCH)
+            try:
+                await self._sync()
+            except ServiceUnavailable:
+                continue  # the engine fails over: the next look
+            except Exception:  # the next look tries again; the bridges run on
+                log.exception("run-time bridges could not be read")
+
+    async def _sync(self) -> None:
+        """Start each kept bridge this node has not, forget each it has that is no
+        longer kept (deleted, or made again differently, through another node)."""
+        async with self._lock:
+            kept = await self._kept.load()
+            for name, bridge in list(self._bridges.items()):
+                if not bridge.configured and kept.get(name) != bridge.config:
+                    log.info("bridge %s was deleted through another gateway node", name)
+                    await self._forget(bridge)
+                    del self._bridges[name]
+            for name, config in kept.items():
+                if name not in self._bridges:
+                    await self._start(config, configured=False)
+                elif self._bridges[name].configured and name not in self._shadowed:
+                    self._shadowed.add(name)
+                    log.warning("bridge %s is configured now; its run-time copy is dropped", name)
 
     def _make(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
         if isinstance(config, AmqpBridgeConfig):
@@ -213,9 +409,10 @@ class Registry:
                 if config.socket == "dealer" and not await self._public(config.reply_feed):
                     raise BadRequest(f"no feed named {config.reply_feed!r} for replies")
                 self._check_endpoints(config)
-            bridge = await self._start(config, configured=False)
-            await self._save()
-            return bridge, True
+            if len(await self._kept.load()) >= MAX_KEPT:
+                raise Conflict(f"the gateway keeps at most {MAX_KEPT} run-time bridges")
+            created = await self._kept.add(config)  # False: added through another node
+            return await self._start(config, configured=False), created
 
     async def _public(self, name: str) -> bool:
         """Whether a public feed is named ``name``."""
@@ -236,60 +433,66 @@ class Registry:
                 if any("*" not in endpoint for endpoint in shared):
                     raise Conflict(f"bridge {other.name!r} binds {', '.join(sorted(shared))}")
 
+    async def definition(self, name: str) -> BridgeConfig:
+        """The definition of the bridge named ``name``: this node's, or on a cluster one
+        made through another node that this node has not started yet (404: none)."""
+        bridge = self._bridges.get(name)
+        if bridge is not None:
+            return bridge.config
+        config = (await self._kept.load()).get(name) if self._kept.shared else None
+        if config is None:
+            raise NotFound(f"no bridge named {name!r}")
+        return config
+
     async def delete(self, name: str, *, discard: bool) -> int:
         """Stop and forget a run-time bridge; returns how many waiting messages went
-        with its pipe. Refused (409) while messages wait, unless ``discard``."""
+        with its pipe. Refused (409) while messages wait, unless ``discard``.
+
+        On a cluster the node running it may be another: the definition is dropped
+        first, so each node forgets the bridge at its next look, and its pipe is
+        deleted once this node holds the bridge's claim, when nobody runs it."""
         async with self._lock:
-            bridge = self.get(name)
-            if bridge.configured:
+            bridge = self._bridges.get(name)
+            if bridge is not None and bridge.configured:
                 raise Forbidden(f"bridge {name!r} is in the configuration file: remove it there")
-            waiting = bridge.backlog()
+            config = (await self._kept.load()).get(name)
+            if config is None:
+                raise NotFound(f"no bridge named {name!r}")
+            engine, owner = self._host.engine, owner_of(name)
+            held = sum(pipe.held for pipe in await engine.pipes(owner))
+            waiting = max(held, bridge.backlog() if bridge is not None else 0)
             if waiting and not discard:
                 raise Conflict(
                     f"bridge {name!r} has {waiting} messages waiting to be sent; "
                     "delete with ?discard=true to drop them"
                 )
-            await self._forget(bridge)
-            del self._bridges[name]
-            await bridge.forget()
-            engine, owner = self._host.engine, owner_of(name)
-            for pipe in await engine.pipes(owner):
-                await engine.delete_pipe(owner, pipe.key)  # committed when it returns
-            await self._save()
+            if not await self._kept.drop(config):
+                raise NotFound(f"no bridge named {name!r}")  # deleted through another node
+            if bridge is not None:
+                await self._forget(bridge)
+                del self._bridges[name]
+            else:
+                bridge = self._make(config, configured=False)
+            solo = engine.solo(f"bridge:{name}")
+            try:
+                await self._alone(name, solo)
+                await bridge.forget()
+                for pipe in await engine.pipes(owner):
+                    await engine.delete_pipe(owner, pipe.key)  # committed when it returns
+            finally:
+                await solo.release()
             return waiting
 
-    # ------------------------------------------------------------ the state file
-    async def _save(self) -> None:
-        if self._state_file is None:
-            return
-        kept = [b.config.stored() for b in self._bridges.values() if not b.configured]
-        await asyncio.to_thread(self._write, kept)
-
-    def _write(self, kept: list[dict[str, Any]]) -> None:
-        assert self._state_file is not None
-        path = self._state_file
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(path.name + ".tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump({"bridges": kept}, handle, indent=1)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-
-    def _load(self) -> list[BridgeConfig]:
-        assert self._state_file is not None
+    @staticmethod
+    async def _alone(name: str, solo: Solo) -> None:
+        """Wait (a while) for this node to hold ``solo``: then no node runs the bridge
+        (the one that did stopped it once it saw its definition gone, or died and its
+        claim ran out). Past the wait its pipe goes anyway: a node that still runs
+        the bridge stops it at its next look at the definitions."""
         try:
-            data = json.loads(self._state_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as exc:
-            log.error("cannot read %s (%s): run-time bridges not restored", self._state_file, exc)
-            return []
-        kept = []
-        for entry in data.get("bridges", []) if isinstance(data, dict) else []:
-            try:
-                kept.append(parse(entry))
-            except ValueError as exc:
-                log.error("a stored bridge is not valid any more (%s): skipped", exc)
-        return kept
+            async with asyncio.timeout(CLAIM_WAIT):
+                held = await solo.take()
+                while not held:
+                    held = await solo.changed()
+        except TimeoutError:
+            log.warning("bridge %s: another gateway node still ran it when deleted", name)

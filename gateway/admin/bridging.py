@@ -28,8 +28,8 @@ from aiohttp import web
 from auth import Principal
 from bridges.base import Host
 from bridges.common import OWNER_PREFIX
-from bridges.config import parse
-from bridges.registry import AnyBridge, Registry
+from bridges.config import BridgeConfig, parse
+from bridges.registry import EngineKept, FileKept, Kept, Registry
 from feeds.service import DEFAULT_DOMAIN, EngineService
 from gateway.auth.authn import PRINCIPAL
 from gateway.federation.client import HttpRemote
@@ -40,7 +40,6 @@ from gateway.server.state import STATE
 from restms.errors import (
     BadRequest,
     Conflict,
-    Forbidden,
     InsufficientScope,
     NotFound,
     ServiceUnavailable,
@@ -82,9 +81,17 @@ def make_host(app: web.Application) -> Host:
 
 
 def make_registry(app: web.Application) -> Registry:
+    """The bridges; run-time ones kept in the data directory (the embedded engine,
+    one process), or in the engine, shared by every node of a cluster (docs/CLUSTER.md)."""
     config = app[CONFIG]
-    state = Path(config.data_dir) / "bridges.json" if config.store == "sqlite" else None
-    return Registry(make_host(app), config.bridges, state_file=state, max_body=config.max_body)
+    kept: Kept
+    if config.engine == "redis":
+        kept = EngineKept(app[SERVICE])
+    else:
+        kept = FileKept(
+            Path(config.data_dir) / "bridges.json" if config.store == "sqlite" else None
+        )
+    return Registry(make_host(app), config.bridges, kept=kept, max_body=config.max_body)
 
 
 BRIDGES = web.AppKey("bridges", Registry)
@@ -170,29 +177,28 @@ async def create_bridge(request: web.Request) -> web.Response:
     return http.json_reply(bridge.status(), 201 if created else 200, location)
 
 
-async def _visible_bridge(request: web.Request) -> AnyBridge:
-    """The bridge the path names; to an admin of other feeds it is absent (the same 404
-    as for a name never used)."""
+async def _visible_bridge(request: web.Request) -> BridgeConfig:
+    """The definition of the bridge the path names (on a cluster, perhaps one made
+    through another node a moment ago); to an admin of other feeds it is absent (the
+    same 404 as for a name never used)."""
     principal = _need_some_admin(request)
     name = request.match_info["name"]
-    bridge = request.app[BRIDGES].get(name)
-    if not await _may_admin(principal, request[STATE].service, bridge.config.feed):
+    config = await request.app[BRIDGES].definition(name)
+    if not await _may_admin(principal, request[STATE].service, config.feed):
         raise NotFound(f"no bridge named {name!r}")
-    return bridge
+    return config
 
 
 async def get_bridge(request: web.Request) -> web.Response:
-    return http.json_reply((await _visible_bridge(request)).status())
+    config = await _visible_bridge(request)
+    return http.json_reply(request.app[BRIDGES].get(config.name).status())
 
 
 async def delete_bridge(request: web.Request) -> web.Response:
-    bridge = await _visible_bridge(request)
-    registry = request.app[BRIDGES]
+    config = await _visible_bridge(request)
     discard = request.query.get("discard", "").lower() in ("1", "true", "yes")
-    if bridge.configured:
-        raise Forbidden(f"bridge {bridge.name!r} is in the configuration file: remove it there")
-    dropped = await registry.delete(bridge.name, discard=discard)
-    return http.json_reply({"deleted": bridge.name, "discarded": dropped})
+    dropped = await request.app[BRIDGES].delete(config.name, discard=discard)
+    return http.json_reply({"deleted": config.name, "discarded": dropped})
 
 
 def add_routes(app: web.Application) -> None:
