@@ -1,0 +1,188 @@
+"""A run-time bridge on a cluster, with real processes: three ``main.py serve --engine
+redis`` nodes, an outbound AMQP 1.0 bridge to the local RabbitMQ made through the admin
+resource of one node (docs/CLUSTER.md, "Bridges"; docs/ADMIN.md).
+
+Made through the first node, it is listed by every node within seconds and run by one
+of them: before the kill every message reaches the queue once, not once per node. Its
+owner is killed (SIGKILL); another node takes it once the dead node's claim runs out
+and sends what waited in its pipe, every message published reaching the queue. Deleted
+through a third node, it is gone from every node, its pipe with it, and nobody claims
+it any more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from tests import nodes
+from tests.app.test_node_kill import JSON, three_nodes
+from tests.integration.broker import Broker
+from tests.integration.gw import AMQP
+
+pytestmark = pytest.mark.integration
+
+BEFORE, AFTER = 10, 20  # messages published before the kill and after it
+DEADLINE = 60.0  # seconds for the whole exchange (the claim alone takes 5 to run out)
+ADMIN = "/admin/bridges"
+
+
+def config(path: Path) -> Path:
+    path.write_text(
+        """
+guest_scopes = "restms:admin restms:read restms:publish restms:subscribe"
+
+[[feeds]]
+name = "orders"
+type = "fanout"
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def definition(queue: str) -> dict[str, Any]:
+    return {
+        "name": "rt",
+        "direction": "out",
+        "urls": [AMQP.replace("guest:guest@", "")],
+        "feed": "orders",
+        "target": f"/queue/{queue}",
+        "reconnect_max": 1.0,
+        "password": "guest",  # a secret the definition keeps and never shows
+        "user": "guest",
+    }
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while not await check():
+        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        await asyncio.sleep(0.2)
+
+
+async def claimed(namespace: str, name: str) -> bool:
+    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
+    try:
+        return bool(await cluster.exists(f"{{{namespace}:own}}:bridge:{name}"))
+    finally:
+        await cluster.aclose()
+
+
+async def test_a_run_time_bridge_is_shared_handed_over_and_deleted_through_any_node(
+    tmp_path: Path, broker: Broker, queue_name: str
+) -> None:
+    await asyncio.to_thread(broker.declare_queue, queue_name)
+    conf = config(tmp_path / "gateway.toml")
+    got: list[str] = []
+
+    async def receive(count: int, within: float) -> None:
+        """Take messages from the queue until ``count`` were taken in all."""
+        deadline = time.monotonic() + within
+        while len(got) < count and time.monotonic() < deadline:
+            taken = await asyncio.to_thread(broker.get_all, queue_name, count - len(got), 0.5)
+            got.extend(properties.message_id for _, properties, _ in taken)
+
+    async with (
+        three_nodes(tmp_path, args=("--config", str(conf))) as running,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+    ):
+        urls = running.urls
+
+        async def listed(url: str) -> list[dict[str, Any]]:
+            async with http.get(url + ADMIN) as r:
+                assert r.status == 200, await r.text()
+                return list(orjson.loads(await r.read())["bridges"])
+
+        async def publish(i: int, through: list[str]) -> None:
+            message = {"message_id": f"m{i}", "delivery_mode": "2"}
+            body = {"restms": {"message": [{**message, "content": [{"value": f"m{i}"}]}]}}
+            url = through[i % len(through)]
+            async with http.post(
+                url + "/restms/feed/orders", data=orjson.dumps(body), headers=JSON
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert orjson.loads(await r.read())["restms"]["message"][0]["count"] == "1"
+
+        async with asyncio.timeout(DEADLINE):
+            made = definition(queue_name)
+            async with http.post(urls[0] + ADMIN, json=made) as r:
+                assert r.status == 201, await r.text()
+            # The same definition again, through another node: already there (200);
+            # a different one under its name: 409, from any node.
+            async with http.post(urls[1] + ADMIN, json=made) as r:
+                assert r.status == 200, await r.text()
+            async with http.post(urls[2] + ADMIN, json={**made, "target": "/queue/x"}) as r:
+                assert r.status == 409, await r.text()
+                assert r.content_type == "text/plain"
+
+            async def on_every_node() -> bool:
+                names = [[b["name"] for b in await listed(url)] for url in urls]
+                return names == [["rt"]] * len(urls)
+
+            await until(on_every_node, "the bridge listed by every node")
+            for url in urls:
+                (shown,) = await listed(url)
+                assert shown["configured"] is False
+                assert shown["definition"]["password"] == "***"
+
+            async def one_runs() -> bool:
+                states = [(await listed(url))[0]["state"] for url in urls]
+                return states.count("up") == 1 and states.count("stopped") == 2
+
+            await until(one_runs, "one node running the bridge, two standing by")
+            pids = [proc.pid for proc in running.procs]
+            owner = pids.index(await nodes.owner_pid(running.namespace, "rt", kind="bridge"))
+            alive = [url for i, url in enumerate(urls) if i != owner]
+            for i in range(BEFORE):
+                await publish(i, urls)
+            await receive(BEFORE, 10)
+            await asyncio.sleep(0.5)  # were other nodes sending too, their copies land
+            await receive(BEFORE + 1, 0.5)
+            assert Counter(got) == Counter(f"m{i}" for i in range(BEFORE)), got
+
+            running.procs[owner].send_signal(signal.SIGKILL)
+            for i in range(BEFORE, BEFORE + AFTER):
+                await publish(i, alive)
+            await receive(BEFORE + AFTER, 30)
+            await receive(len(got) + 1, 0.5)  # and nothing more
+            assert await running.procs[owner].wait() == -signal.SIGKILL
+            now_owner = pids.index(await nodes.owner_pid(running.namespace, "rt", kind="bridge"))
+            assert now_owner != owner
+            # a message the dead node had in flight may come again (at least once): only
+            later = Counter(m for m in got[BEFORE:] if int(m[1:]) >= BEFORE)
+            assert later == Counter(f"m{i}" for i in range(BEFORE, BEFORE + AFTER)), got
+
+            # Deleted through a node that does not run it.
+            third = next(i for i in range(len(urls)) if i not in (owner, now_owner))
+            async with http.delete(urls[third] + ADMIN + "/rt") as r:
+                assert r.status == 200, await r.text()
+                assert orjson.loads(await r.read()) == {"deleted": "rt", "discarded": 0}
+            async with http.delete(urls[third] + ADMIN + "/rt") as r:
+                assert r.status == 404, await r.text()
+
+            async def gone_everywhere() -> bool:
+                return [await listed(url) for url in alive] == [[]] * len(alive)
+
+            await until(gone_everywhere, "the bridge gone from every node")
+            assert not await claimed(running.namespace, "rt")
+            for url in alive:
+                async with http.get(url + ADMIN + "/rt") as r:
+                    assert r.status == 404
+            # Its pipe went with it: a message published now reaches no pipe.
+            body = {"restms": {"message": [{"content": [{"value": "after"}]}]}}
+            async with http.post(
+                alive[0] + "/restms/feed/orders", data=orjson.dumps(body), headers=JSON
+            ) as r:
+                assert r.status == 200, await r.text()
+                assert orjson.loads(await r.read())["restms"]["message"][0]["count"] == "0"
