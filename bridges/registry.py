@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 AnyBridge = AmqpBridge | ZmqBridge | FederationLink
 
 MAX_KEPT = 100  # run-time bridges a gateway (all the nodes of a cluster) keeps
+# Characters of a run-time bridge's definition as kept (JSON, secrets included): an
+# engine setting holds it with a little around it (EngineKept).
+MAX_DEFINITION = SETTING_MAX - 96
 WATCH = 1.0  # seconds between a cluster node's looks at the shared definitions
 CLAIM_WAIT = 15.0  # seconds a delete waits for the node running the bridge to stop it
 PREFIX = "bridge/"  # the engine settings that hold run-time bridges: bridge/<name>
@@ -174,11 +177,7 @@ class EngineKept:
         value = json.dumps(
             {"made": secrets.token_hex(8), "definition": config.stored()}, separators=(",", ":")
         )
-        if len(value) > SETTING_MAX:
-            raise PayloadTooLarge(
-                f"a bridge definition may take {SETTING_MAX} characters as kept; "
-                f"this one takes {len(value)}"
-            )
+        assert len(value) <= SETTING_MAX, "MAX_DEFINITION leaves room for the envelope"
         key = PREFIX + config.name
         held = await self._engine.keep_setting(key, value, only_new=True)
         if held == value:
@@ -409,6 +408,12 @@ class Registry:
                 if config.socket == "dealer" and not await self._public(config.reply_feed):
                     raise BadRequest(f"no feed named {config.reply_feed!r} for replies")
                 self._check_endpoints(config)
+            size = len(json.dumps(config.stored(), separators=(",", ":")))
+            if size > MAX_DEFINITION:
+                raise PayloadTooLarge(
+                    f"a bridge definition may take {MAX_DEFINITION} characters as kept; "
+                    f"this one takes {size}"
+                )
             if len(await self._kept.load()) >= MAX_KEPT:
                 raise Conflict(f"the gateway keeps at most {MAX_KEPT} run-time bridges")
             created = await self._kept.add(config)  # False: added through another node
