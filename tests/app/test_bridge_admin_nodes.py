@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import bridges.registry
+from tests.app.jsonapi import publish
 from tests.app.test_bridge_admin import (
     ADMIN,
     admin_gateway,
@@ -62,8 +63,17 @@ async def test_a_bridge_made_through_one_node_is_listed_and_deleted_through_the_
         assert status == 200, shown
         assert (shown["name"], shown["configured"]) == ("out", False)
 
-    status, reply, _ = await call(gw, root, "DELETE", f"{ADMIN}/out")
-    assert (status, reply) == (200, {"deleted": "out", "discarded": 0})
+    # Two messages wait in its pipe (nothing listens where it sends): every node
+    # refuses to delete it without ?discard=true, the one running it or not.
+    async def two_wait() -> bool:
+        return await publish(gw, "/restms/feed/orders", {"address": "a"}) == [1]
+
+    await until(two_wait, "the bridge's pipe joined to its feed")
+    assert await publish(gw, "/restms/feed/orders", {"address": "b"}) == [1]
+    for _ in range(3):
+        plain(await call(gw, root, "DELETE", f"{ADMIN}/out"), 409, "has 2 messages waiting")
+    status, reply, _ = await call(gw, root, "DELETE", f"{ADMIN}/out?discard=true")
+    assert (status, reply) == (200, {"deleted": "out", "discarded": 2})
 
     async def nowhere() -> bool:
         return await names(gw, root) == [[]] * 3
