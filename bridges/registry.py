@@ -299,6 +299,8 @@ class Registry:
                 elif self._bridges[name].configured and name not in self._shadowed:
                     self._shadowed.add(name)
                     log.warning("bridge %s is configured now; its run-time copy is dropped", name)
+                    if not self._kept.shared:  # (one cluster node's file may differ)
+                        await self._kept.drop(config)
 
     def _make(self, config: BridgeConfig, *, configured: bool) -> AnyBridge:
         if isinstance(config, AmqpBridgeConfig):
