@@ -449,6 +449,7 @@ class Registry:
         config = (await self._kept.load()).get(name) if self._kept.shared else None
         if config is None:
             raise NotFound(f"no bridge named {name!r}")
+        await self._sync()  # start it here now rather than at the next look
         return config
 
     async def delete(self, name: str, *, discard: bool) -> int:

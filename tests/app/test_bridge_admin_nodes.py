@@ -45,6 +45,9 @@ async def test_a_bridge_made_through_one_node_is_listed_and_deleted_through_the_
     status, reply, _ = await call(gw, root, "POST", definition=outbound(password="s3cret"))
     assert status == 201, reply
     assert reply["definition"]["password"] == "***"
+    for _ in range(3):  # at once through every node, before its next look
+        status, shown, _ = await call(gw, root, "GET", f"{ADMIN}/out")
+        assert (status, shown["name"]) == (200, "out"), shown
     # The same again (the next node): 200; a different one under its name: 409.
     status, reply, _ = await call(gw, root, "POST", definition=outbound(password="s3cret"))
     assert status == 200, reply
