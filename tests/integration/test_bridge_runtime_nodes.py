@@ -7,7 +7,8 @@ of them: before the kill every message reaches the queue once, not once per node
 owner is killed (SIGKILL); another node takes it once the dead node's claim runs out
 and sends what waited in its pipe, every message published reaching the queue. Deleted
 through a third node, it is gone from every node, its pipe with it, and nobody claims
-it any more.
+it any more. And deleted right after its node was killed, the delete waits for the
+dead node's claim to run out before it drops the pipe.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import orjson
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
+import bridges.registry
 from tests import nodes
 from tests.app.test_node_kill import JSON, three_nodes
 from tests.integration.broker import Broker
@@ -193,3 +195,63 @@ async def test_a_run_time_bridge_is_shared_handed_over_and_deleted_through_any_n
             ) as r:
                 assert r.status == 200, await r.text()
                 assert orjson.loads(await r.read())["restms"]["message"][0]["count"] == "0"
+
+
+async def test_a_bridge_whose_node_was_just_killed_is_deleted_through_another(
+    tmp_path: Path,
+) -> None:
+    """No broker: the bridge points at a port nothing listens on, so what is published
+    waits in its pipe. Its node killed, a delete through another node waits until the
+    dead node's claim runs out (nobody runs the bridge then), drops the pipe with the
+    two waiting messages, and the bridge is gone from both nodes left."""
+    conf = config(tmp_path / "gateway.toml")
+    nowhere = {**definition("unused"), "urls": ["amqp://127.0.0.1:1"]}
+    async with (
+        three_nodes(tmp_path, args=("--config", str(conf))) as running,
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http,
+    ):
+        urls = running.urls
+
+        async def publish(url: str) -> str:
+            body = {"restms": {"message": [{"delivery_mode": "2", "content": [{"value": "x"}]}]}}
+            async with http.post(
+                url + "/restms/feed/orders", data=orjson.dumps(body), headers=JSON
+            ) as r:
+                assert r.status == 200, await r.text()
+                return str(orjson.loads(await r.read())["restms"]["message"][0]["count"])
+
+        async with asyncio.timeout(DEADLINE):
+            async with http.post(urls[0] + ADMIN, json=nowhere) as r:
+                assert r.status == 201, await r.text()
+
+            async def joined() -> bool:
+                return await publish(urls[0]) == "1"
+
+            await until(joined, "the bridge's pipe joined to its feed")
+            assert await publish(urls[1]) == "1"
+            pids = [proc.pid for proc in running.procs]
+            owner = pids.index(await nodes.owner_pid(running.namespace, "rt", kind="bridge"))
+            alive = [url for i, url in enumerate(urls) if i != owner]
+            running.procs[owner].send_signal(signal.SIGKILL)
+            assert await running.procs[owner].wait() == -signal.SIGKILL
+            async with http.delete(alive[0] + ADMIN + "/rt") as r:
+                assert r.status == 409, await r.text()  # two wait, whoever runs it
+                assert "has 2 messages waiting" in await r.text()
+            began = time.monotonic()
+            async with http.delete(alive[0] + ADMIN + "/rt?discard=true") as r:
+                assert r.status == 200, await r.text()
+                assert orjson.loads(await r.read()) == {"deleted": "rt", "discarded": 2}
+            # It waited for the dead node's claim to run out (5 s at most), not past
+            # the wait a delete gives a node that still runs the bridge.
+            assert time.monotonic() - began < bridges.registry.CLAIM_WAIT
+            assert not await claimed(running.namespace, "rt")
+            assert await publish(alive[1]) == "0"  # its pipe is gone
+
+            async def gone() -> bool:
+                for url in alive:
+                    async with http.get(url + ADMIN) as r:
+                        if orjson.loads(await r.read())["bridges"]:
+                            return False
+                return True
+
+            await until(gone, "the bridge gone from both nodes left")
