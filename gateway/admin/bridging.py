@@ -10,6 +10,9 @@ Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
     DELETE /admin/bridges/{name}        stop and forget it (409 while messages wait,
                                         unless ?discard=true; 403 for configured ones)
 
+On a cluster every node serves all four for every run-time bridge, whichever node
+runs it (the definitions are shared through the engine: bridges/registry.py).
+
 And, public, the gateway's id that federation links name it by (docs/FEDERATION.md)::
 
     GET    /.well-known/restms-gateway  {"gateway_id": "..."}
