@@ -29,6 +29,7 @@ own (an in-memory exporter) instead of :func:`start`'s.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
@@ -49,6 +50,13 @@ if TYPE_CHECKING:
 
 Wrapped = Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]
 NAME = "restms.gateway"  # the instrumentation scope of every span the gateway makes
+
+# The SDK warns with the whole value when a caller's ``traceparent`` is too long or its
+# ``tracestate`` malformed (an HTTP header, or a message's own header): any client could
+# write kilobytes to the log with each request. Such a value is ignored, as a bad
+# ``X-Request-ID`` is, without a word (docs/TRACING.md); the SDK's errors still show.
+for _quiet in ("opentelemetry.trace.span", "opentelemetry.trace.propagation.tracecontext"):
+    logging.getLogger(_quiet).setLevel(logging.ERROR)
 
 
 def tracer(config: Config) -> Tracer | None:

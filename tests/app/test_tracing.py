@@ -252,3 +252,30 @@ async def test_config_refuses_an_endpoint_without_tracing(tmp_path: Path) -> Non
     )
     assert code == 2
     assert "otlp_endpoint needs tracing = true" in err
+
+
+async def test_a_clients_bad_trace_context_is_ignored_without_logging_it(
+    make_gateway: MakeGateway, spans: InMemorySpanExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A malformed ``tracestate`` or an overlong ``traceparent`` (HTTP headers, or a
+    message's own headers) is ignored as any bad correlation header: the request
+    succeeds and the gateway logs nothing of it. The OpenTelemetry SDK warns with the
+    whole value, so any client could have written kilobytes to the log per request."""
+    gw = await make_gateway(tracing=True)
+    junk = "junk" * 1000
+    headers = {"traceparent": TRACEPARENT, "tracestate": f"a=b,{junk}"}
+    with caplog.at_level("DEBUG"):
+        async with gw.http.get("/healthz", headers=headers) as r:
+            assert r.status == 200
+        async with gw.http.get("/healthz", headers={"traceparent": "00-" + junk}) as r:
+            assert r.status == 200
+        bad = [
+            {"name": "traceparent", "value": TRACEPARENT},
+            {"name": "tracestate", "value": junk},
+        ]
+        await publish(gw, {"address": "a", "header": bad}, traceparent=TRACEPARENT)
+    warned = [r.name for r in caplog.records if r.name.startswith("opentelemetry")]
+    assert warned == []
+    assert not [r for r in caplog.records if "junk" in r.getMessage()]
+    (server,) = [s for s in named(spans, "GET /healthz") if s.parent is not None]
+    assert trace_id(server) == TRACE  # the valid traceparent still counts
