@@ -48,6 +48,7 @@ from auth.issuer import (
     parse_token_request,
 )
 from auth.token_endpoints import OwnTokens, parse_token_query
+from gateway.server import compression
 from gateway.server.keys import CHECKS, CLIENTS, ISSUER, SERVICE
 
 log = logging.getLogger(__name__)
@@ -199,6 +200,15 @@ async def _read_form(request: web.Request) -> bytes:
     length = request.content_length
     if length is not None and length > MAX_FORM:
         raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")
+    coding = compression.coding_of(request.headers)
+    if coding is not None:
+        try:
+            decoded = await compression.read_decoded(request.content, coding, MAX_FORM)
+        except compression.Undecodable as exc:
+            raise InvalidRequest(f"the request body does not decode: {exc}") from exc
+        if len(decoded) > MAX_FORM:
+            raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")
+        return decoded
     body = bytearray()
     while chunk := await request.content.read(MAX_FORM + 1 - len(body)):
         body += chunk

@@ -18,6 +18,7 @@ from aiohttp import hdrs, web
 import restms
 from feeds.service import Watched
 from gateway.auth.authn import PRINCIPAL, bearer_challenge, waiting
+from gateway.server import compression
 from gateway.server.state import STATE
 from restms.document import Document
 from restms.errors import (
@@ -81,6 +82,10 @@ def principal(request: web.Request) -> str:
     return request[PRINCIPAL].name
 
 
+DECODED = web.RequestKey("decoded_body", bytes)  # a compressed body, once decoded
+UNDECODABLE = "the request body does not decode from its Content-Encoding"
+
+
 async def read_body(request: web.Request, *, again: bool = False) -> bytes:
     """The whole body, refusing anything over ``max_body`` with 413 before reading it.
 
@@ -93,6 +98,18 @@ async def read_body(request: web.Request, *, again: bool = False) -> bytes:
     length = request.content_length
     if length is not None and length > limit:
         raise PayloadTooLarge(f"request body of {length} bytes is over the {limit}-byte limit")
+    coding = compression.coding_of(request.headers)
+    if coding is not None:  # decoded here, kept for a later read (``again``)
+        body = request.get(DECODED)
+        if body is None:
+            try:
+                body = await compression.read_decoded(request.content, coding, limit)
+            except compression.Undecodable as exc:
+                raise BadRequest(f"{UNDECODABLE}: {exc}") from exc
+            request[DECODED] = body
+        if len(body) > limit:
+            raise PayloadTooLarge(f"request body is over the {limit}-byte limit")
+        return body
     payload = request.content
     if not again and payload.is_eof() and not payload.at_eof():  # all in, none read
         body = payload.read_nowait()

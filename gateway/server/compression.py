@@ -20,12 +20,17 @@ their messages must go out one by one, as they come), are sent as they are. The
 A request without ``Accept-Encoding`` is not looked at any further: the check is one
 header look-up in :mod:`gateway.server.middleware`.
 
-**Request bodies.** aiohttp's parser decodes ``gzip``, ``deflate`` and ``zstd`` bodies
-as they arrive, a bounded piece at a time, and pauses while the handler has not read
-what it decoded; ``max_body`` counts the decoded bytes. So a small body that would
-decode to gigabytes is refused with ``413`` once ``max_body`` bytes came out, and never
-fills memory. A ``Content-Encoding`` it does not decode (a list of codings among them)
-is refused with ``415`` (RFC 9110 15.5.16), never handed on still encoded.
+**Request bodies.** The gateway decodes ``gzip``, ``deflate`` and ``zstd`` bodies
+itself (:func:`read_decoded`; aiohttp's parser is told not to, ``auto_decompress``),
+as they arrive, a bounded piece at a time: ``max_body`` counts the decoded bytes, so a
+small body that would decode to gigabytes is refused with ``413`` once ``max_body``
+bytes came out, and never fills memory. A body that is not what its coding says, or
+is cut short (its last gzip member or zstd frame unfinished), is ``400``: aiohttp's
+parser checked the end of ``deflate`` data only, and took a gzip or zstd body as far
+as it went, so a message was published with part of its content. Several gzip
+members or zstd frames one after the other are one body, as RFC 1952 says. A
+``Content-Encoding`` the gateway does not decode (``br``, a list of codings) is
+refused with ``415`` (RFC 9110 15.5.16), never handed on still encoded.
 """
 
 from __future__ import annotations
@@ -35,11 +40,15 @@ import functools
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import hdrs, web
 
 from restms.errors import UnsupportedMediaType
+
+if TYPE_CHECKING:
+    from aiohttp import StreamReader
 
 # zstd (re-exported: the tests and the benchmark decode and pack with the same module)
 if sys.version_info >= (3, 14):
@@ -47,7 +56,7 @@ if sys.version_info >= (3, 14):
 else:  # the same module, as a package (aiohttp decodes zstd bodies with it too)
     from backports import zstd
 
-# Codings aiohttp's parser decodes (with the packages installed here); names as sent.
+# Codings of request bodies the gateway decodes (read_decoded); names as sent.
 DECODED = frozenset(("gzip", "deflate", "zstd", "identity"))
 GZIP_LEVEL = 1  # zlib's fastest
 ZSTD_LEVEL = 3  # zstd's default
@@ -64,6 +73,60 @@ def check_request(request: web.Request) -> None:
             f"Content-Encoding {coding[:100]!r} is not understood: send the body as it "
             "is, or compressed with gzip, deflate or zstd"
         )
+
+
+class Undecodable(ValueError):
+    """A request body that does not decode from its ``Content-Encoding``."""
+
+
+def coding_of(headers: Mapping[str, str]) -> str | None:
+    """The coding a request body is to be decoded from (gzip, deflate or zstd), or None
+    for a body sent as it is (after :func:`check_request`)."""
+    coding = headers.get(hdrs.CONTENT_ENCODING, "").strip().lower()
+    return None if coding in ("", "identity") else coding
+
+
+def _unpacker(coding: str, first: bytes) -> Any:
+    if coding == "zstd":
+        return zstd.ZstdDecompressor()
+    if coding == "gzip":
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    # deflate names zlib data (RFC 9110 8.4.1.2), whose first byte says method 8; some
+    # clients send raw deflate data under the name, taken too.
+    return zlib.decompressobj(zlib.MAX_WBITS if first[0] & 0x0F == 8 else -zlib.MAX_WBITS)
+
+
+def _holds_more(unpacker: Any) -> bool:
+    """Whether a zstd decompressor has output left from input it was given."""
+    return isinstance(unpacker, zstd.ZstdDecompressor) and not (
+        unpacker.needs_input or unpacker.eof
+    )
+
+
+async def read_decoded(content: StreamReader, coding: str, limit: int) -> bytes:
+    """The body of ``content`` decoded from ``coding``, as it arrives. Decoding stops
+    once more than ``limit`` bytes came out: a longer result means "over the limit".
+    :class:`Undecodable` for data that is not ``coding``'s or ends unfinished."""
+    out = bytearray()
+    unpacker: Any = None  # the gzip member or zstd frame being decoded
+    try:
+        async for received in content.iter_any():
+            data = received
+            while (data or _holds_more(unpacker)) and len(out) <= limit:
+                if unpacker is None or unpacker.eof:  # a body's first or next member
+                    unpacker = _unpacker(coding, data)
+                out += unpacker.decompress(data, limit + 1 - len(out))
+                if unpacker.eof:
+                    data = unpacker.unused_data
+                else:  # zlib hands back what it did not decode; zstd keeps it
+                    data = b"" if coding == "zstd" else unpacker.unconsumed_tail
+            if len(out) > limit:
+                return bytes(out)
+    except (zlib.error, zstd.ZstdError, EOFError) as exc:
+        raise Undecodable(f"the body is not {coding} data") from exc
+    if unpacker is not None and not unpacker.eof:
+        raise Undecodable(f"the {coding} body is cut short")
+    return bytes(out)
 
 
 @functools.lru_cache(maxsize=256)  # a few clients send a few distinct values
@@ -136,4 +199,16 @@ async def offer(request: web.Request, response: web.StreamResponse, min_bytes: i
         headers[hdrs.CONTENT_ENCODING] = coding
 
 
-__all__ = ["CODERS", "DECODED", "check_request", "choose", "gzip", "offer", "zstandard", "zstd"]
+__all__ = [
+    "CODERS",
+    "DECODED",
+    "Undecodable",
+    "check_request",
+    "choose",
+    "coding_of",
+    "gzip",
+    "offer",
+    "read_decoded",
+    "zstandard",
+    "zstd",
+]

@@ -218,10 +218,43 @@ async def test_a_broken_gzip_body_is_400(gw: Gateway) -> None:
         assert "Content-Encoding" in await r.text()
 
 
-async def test_a_brotli_body_is_400_as_the_parser_cannot_decode_it(gw: Gateway) -> None:
-    async with gw.http.post(FEED, data=messages(1), headers={**HJ, "Content-Encoding": "br"}) as r:
-        assert r.status == 400
+@pytest.mark.parametrize("coding", ["gzip", "zstd", "deflate"])
+@pytest.mark.parametrize("cut", [8, 900])
+async def test_a_body_cut_short_is_400_and_nothing_is_published(
+    gw: Gateway, coding: str, cut: int
+) -> None:
+    """A compressed body whose end is missing (its last bytes, or most of it) is refused:
+    before, gzip and zstd bodies were taken as far as they went, and a message was
+    published with part of its content, or none."""
+    content = os.urandom(1500).hex().encode()  # 3,000 bytes that do not pack well
+    pack = {"gzip": gzip.compress, "zstd": zstd.compress, "deflate": zlib.compress}[coding]
+    packed = pack(content)
+    headers = {"Content-Type": "text/plain", "Content-Encoding": coding}
+    async with gw.http.post(FEED, data=packed[:-cut], headers=headers) as r:
+        assert r.status == 400, await r.text()
         assert r.content_type == "text/plain"
+        assert "Content-Encoding" in await r.text()
+        assert "X-Request-ID" in r.headers
+    async with gw.http.post(FEED, data=packed, headers=headers) as r:  # whole: published
+        assert r.status == 201, await r.text()
+        async with gw.http.get(r.headers["Location"]) as stored:
+            assert await stored.read() == content
+
+
+async def test_concatenated_members_and_raw_deflate_are_decoded(gw: Gateway) -> None:
+    plain = messages(10)
+    halves = gzip.compress(plain[:500]) + gzip.compress(plain[500:])
+    raw = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    for coding, packed in (("gzip", halves), ("deflate", raw.compress(plain) + raw.flush())):
+        async with gw.http.post(FEED, data=packed, headers={**HJ, "Content-Encoding": coding}) as r:
+            assert r.status == 200, await r.text()
+
+
+async def test_a_brotli_body_is_415_as_the_gateway_does_not_decode_it(gw: Gateway) -> None:
+    async with gw.http.post(FEED, data=messages(1), headers={**HJ, "Content-Encoding": "br"}) as r:
+        assert r.status == 415
+        assert r.content_type == "text/plain"
+        assert "X-Request-ID" in r.headers
 
 
 @pytest.mark.parametrize("coding", ["compress", "gzip, gzip", "x-unknown", "br, gzip"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import json
 import re
 import time
@@ -51,6 +52,7 @@ EVERYTHING = "restms:read restms:publish restms:subscribe"
 INTROSPECT = "/oauth/introspect"
 REVOKE = "/oauth/revoke"
 INACTIVE = {"active": False}
+GZIP_FORM = {"Content-Type": "application/x-www-form-urlencoded", "Content-Encoding": "gzip"}
 
 
 def basic(client_id: str, secret: str) -> dict[str, str]:
@@ -364,6 +366,9 @@ async def test_malformed_requests_are_400_invalid_request(
         (b"token=%ff", {**auth, "Content-Type": "application/x-www-form-urlencoded"}),
         ({"token": tok, "client_id": "app", "client_secret": secrets["app"]}, auth),  # two ways
         ({"token": "x" * 9000}, auth),  # over the form limit
+        # a gzip form cut short, and a small one that unpacks past the limit
+        (gzip.compress(f"token={tok}".encode())[:-4], {**auth, **GZIP_FORM}),
+        (gzip.compress(b"token=" + b"x" * 100_000), {**auth, **GZIP_FORM}),
     ]
     for form, headers in cases:
         async with gw.http.post(path, data=form, headers=headers) as r:
@@ -373,6 +378,9 @@ async def test_malformed_requests_are_400_invalid_request(
             assert r.headers["Cache-Control"] == "no-store"
     async with gw.http.get(path, headers=auth) as r:
         assert r.status == 405
+    whole = gzip.compress(f"token={tok}".encode())  # a whole compressed form is read
+    async with gw.http.post(path, data=whole, headers={**auth, **GZIP_FORM}) as r:
+        assert r.status == 200, await r.text()
 
 
 async def test_secret_checks_are_bounded_as_at_the_token_endpoint(
