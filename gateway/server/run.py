@@ -51,6 +51,9 @@ def make_runner(app: web.Application, config: Config) -> GatewayRunner:
             "max_line_size": config.max_line_size,
             "max_field_size": config.max_field_size,
             "max_headers": config.max_headers,
+            # Compressed request bodies are decoded by the gateway, which checks that
+            # they end whole (gateway.server.compression.read_decoded).
+            "auto_decompress": False,
         },
         handler_cancellation=True,  # a client that goes away ends its wait (A6)
         shutdown_timeout=CANCEL_WAIT,  # our drain has already waited for the handlers
