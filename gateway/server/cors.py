@@ -71,7 +71,10 @@ _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 def _entry(entry: str, key: str) -> str | re.Pattern[str]:
     """One origin of ``key``: the origin itself, or the pattern it writes."""
-    parts = urllib.parse.urlsplit(entry)
+    try:
+        parts = urllib.parse.urlsplit(entry)
+    except ValueError as exc:  # a bracketed host that is no IPv6 address
+        raise ValueError(f"{key}: {entry!r} is not an origin: {exc}") from None
     netloc = parts.netloc.lower()
     if (
         parts.scheme.lower() not in _DEFAULT_PORTS
@@ -92,6 +95,13 @@ def _entry(entry: str, key: str) -> str | re.Pattern[str]:
         port = ""  # browsers leave the scheme's own port out of Origin
     wild = host.startswith("*.")
     name = host[2:] if wild else host
+    if not name.isascii():  # browsers send the name's ASCII (IDNA) form in Origin
+        try:
+            ascii_name = name.encode("idna").decode("ascii")
+        except UnicodeError:
+            ascii_name = "xn--..."
+        written = f"{scheme}://{'*.' if wild else ''}{ascii_name}" + (f":{port}" if port else "")
+        raise ValueError(f"{key}: {entry!r}: write the name as browsers send it: {written}")
     if "*" in name or not re.fullmatch(r"[a-z0-9.-]+|\[[0-9a-f:.]+\]", name):
         raise ValueError(f"{key}: {entry!r}: a * may stand only for leftmost labels or the port")
     if not wild and port != "*":
@@ -161,7 +171,10 @@ class Cors:
         headers[hdrs.ACCESS_CONTROL_ALLOW_METHODS] = METHODS
         headers[hdrs.ACCESS_CONTROL_MAX_AGE] = str(self.max_age)
         asked = request.headers.get(hdrs.ACCESS_CONTROL_REQUEST_HEADERS, "")
-        names = [name.strip() for name in asked[:_MAX_REQUESTED].split(",") if name.strip()]
+        listed = asked[:_MAX_REQUESTED].split(",")
+        if len(asked) > _MAX_REQUESTED:
+            listed.pop()  # the name the cut fell in: none is echoed in part
+        names = [name.strip() for name in listed if name.strip()]
         if names and all(_TOKEN.fullmatch(name) for name in names):
             headers[hdrs.ACCESS_CONTROL_ALLOW_HEADERS] = ", ".join(names)
         # Chromium asks this before a public page may call an address on a private network.

@@ -306,11 +306,44 @@ def test_origins_come_from_toml_environment_and_flag(tmp_path: Path) -> None:
         "https://user@app.example",
         "https://app.example:99999",
         "null",
+        "https://[zz]",  # not an address
     ],
 )
 def test_a_bad_origin_is_a_configuration_error(entry: str) -> None:
     with pytest.raises(ConfigError, match="cors_origins"):
         load(env={"RESTMS_CORS_ORIGINS": entry})
+
+
+@pytest.mark.parametrize(
+    ("entry", "ascii_form"),
+    [
+        ("https://bücher.example", "https://xn--bcher-kva.example"),
+        ("https://*.bücher.example:8443", "https://*.xn--bcher-kva.example:8443"),
+    ],
+)
+def test_an_international_name_is_refused_with_its_ascii_form(entry: str, ascii_form: str) -> None:
+    """Browsers send a host's ASCII form in ``Origin``; before, such an entry was refused
+    with "a * may stand only for leftmost labels or the port", which it has none of."""
+    with pytest.raises(ConfigError, match="cors_origins") as refused:
+        load(env={"RESTMS_CORS_ORIGINS": entry})
+    assert ascii_form in str(refused.value)
+    assert "a * may stand" not in str(refused.value)
+    assert Origins(ascii_form).allows(ascii_form.replace("*", "shop"))
+
+
+async def test_a_long_requested_header_list_is_echoed_in_whole_names(
+    make_gateway: MakeGateway,
+) -> None:
+    """A list longer than the gateway echoes loses its last names, never part of one:
+    before, the cut could leave half a name (``x-h2`` of ``x-h27``) in the reply."""
+    gw = await make_gateway(cors_origins=APP)
+    names = [f"x-header-{i}" for i in range(300)]  # about 3,800 characters
+    asked = ", ".join(names)
+    async with gw.http.options(FEED, headers=preflight_headers(APP, "PUT", asked)) as r:
+        assert r.status == 204
+        echoed = r.headers["Access-Control-Allow-Headers"].split(", ")
+    assert echoed == names[: len(echoed)]
+    assert 100 < len(echoed) < 300
 
 
 def test_the_scheme_default_port_is_the_origin_without_port() -> None:
