@@ -183,6 +183,9 @@ async def offer(request: web.Request, response: web.StreamResponse, min_bytes: i
     request (which has ``Accept-Encoding``) accepts best."""
     if not isinstance(response, web.Response) or response.prepared:
         return  # a stream, or a socket: sent as it goes
+    if response.status == 304:  # its 200 may have been compressed: the same Vary
+        response.headers.add(hdrs.VARY, "Accept-Encoding")  # (RFC 9110 15.4.5)
+        return
     body = response.body
     if not isinstance(body, bytes) or len(body) < min_bytes:
         return

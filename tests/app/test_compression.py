@@ -91,8 +91,10 @@ async def test_the_etag_stays_the_resources(gw: Gateway) -> None:
     assert gzip.decompress(packed) == plain
     assert headers["ETag"] == plain_headers["ETag"]  # the version, whichever coding
     conditional = {**GZIP, "If-None-Match": headers["ETag"]}
-    status, _, empty = await raw(gw, "GET", "/static/app.js", headers=conditional)
+    status, revalidated, empty = await raw(gw, "GET", "/static/app.js", headers=conditional)
     assert (status, empty) == (304, b"")
+    # RFC 9110 15.4.5: a 304 has the Vary its 200 would have had (before, it had not)
+    assert "Accept-Encoding" in revalidated.getall("Vary", [])
 
 
 async def test_a_pipe_listing_is_smallest_in_zstd(gw: Gateway) -> None:
