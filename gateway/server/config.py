@@ -398,9 +398,16 @@ class Config:
         if self.otlp_endpoint:
             if not self.tracing:
                 raise ConfigError("otlp_endpoint needs tracing = true")
-            url = urllib.parse.urlsplit(self.otlp_endpoint)
-            if url.scheme not in ("http", "https") or not url.hostname:
-                raise ConfigError("otlp_endpoint must be an http:// or https:// URL")
+            bad = ConfigError(
+                f"otlp_endpoint must be an http:// or https:// URL, not {self.otlp_endpoint!r}"
+            )
+            try:
+                url = urllib.parse.urlsplit(self.otlp_endpoint)
+                url.port  # noqa: B018  # raises ValueError for a port that is none
+            except ValueError:
+                raise bad from None
+            if url.scheme not in ("http", "https") or not url.hostname or " " in url.netloc:
+                raise bad
 
     def _check_engine(self) -> None:
         if self.engine not in ("embedded", "redis"):

@@ -34,6 +34,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from gateway.server.config import ConfigError, load
 from tests.app import process
 from tests.app.jsonapi import AJ, HJ, body, get, new_pipe
 from tests.app.spans import (
@@ -252,6 +253,21 @@ async def test_config_refuses_an_endpoint_without_tracing(tmp_path: Path) -> Non
     )
     assert code == 2
     assert "otlp_endpoint needs tracing = true" in err
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        "http://[::1/v1/traces",  # before: a ValueError traceback at start-up
+        "http://127.0.0.1:99999/v1/traces",  # before: taken, every export failing
+        "http://127.0.0.1:abc/v1/traces",
+        "http://collector host/v1/traces",
+        "collector:4318/v1/traces",
+    ],
+)
+def test_a_bad_otlp_endpoint_is_a_clear_configuration_error(endpoint: str) -> None:
+    with pytest.raises(ConfigError, match="otlp_endpoint must be an http"):
+        load(env={"RESTMS_TRACING": "true", "RESTMS_OTLP_ENDPOINT": endpoint})
 
 
 async def test_a_clients_bad_trace_context_is_ignored_without_logging_it(
