@@ -195,8 +195,18 @@ def _own(request: web.Request) -> OwnTokens:
     return own
 
 
+# Parameters refused in the URL: access logs and proxies keep a query string.
+_SECRET_PARAMETERS = frozenset(("token", "client_secret", "client_assertion"))
+
+
 async def _read_form(request: web.Request) -> bytes:
-    """The body, refused as soon as it passes :data:`MAX_FORM` bytes."""
+    """The body, refused as soon as it passes :data:`MAX_FORM` bytes, and the request
+    refused when it puts a token or a secret in the URL instead."""
+    if not _SECRET_PARAMETERS.isdisjoint(request.query):
+        raise InvalidRequest(
+            "send token and client_secret in the form body (application/x-www-form-"
+            "urlencoded), never in the URL, which logs keep"
+        )
     length = request.content_length
     if length is not None and length > MAX_FORM:
         raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")

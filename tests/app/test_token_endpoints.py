@@ -378,6 +378,12 @@ async def test_malformed_requests_are_400_invalid_request(
             assert r.headers["Cache-Control"] == "no-store"
     async with gw.http.get(path, headers=auth) as r:
         assert r.status == 405
+    # the token in the URL (which access logs and proxies keep): said so, not "missing"
+    async with gw.http.post(f"{path}?token={tok}", headers=auth) as r:
+        assert r.status == 400
+        answer = await r.json()
+        assert answer["error"] == "invalid_request"
+        assert "form body" in answer["error_description"]
     whole = gzip.compress(f"token={tok}".encode())  # a whole compressed form is read
     async with gw.http.post(path, data=whole, headers={**auth, **GZIP_FORM}) as r:
         assert r.status == 200, await r.text()
