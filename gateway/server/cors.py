@@ -112,6 +112,15 @@ def _entry(entry: str, key: str) -> str | re.Pattern[str]:
     return re.compile(pattern)
 
 
+def _serialized(origin: str) -> str:
+    """``scheme://host[:port]`` as a browser's ``Origin`` says it: in lower case, without
+    the scheme's own port (``public_url`` or ``Host`` may name it)."""
+    lowered = origin.lower()
+    scheme = lowered.partition("://")[0]
+    default = f":{_DEFAULT_PORTS.get(scheme)}"
+    return lowered.removesuffix(default)
+
+
 class Origins:
     """The origins of ``cors_origins`` (or ``websocket_origins``): which are allowed."""
 
@@ -150,7 +159,7 @@ class Cors:
                 'cors_credentials cannot be combined with "*" in cors_origins: list the '
                 "origins whose pages may send credentials"
             )
-        self.origins, self.sockets, self.public = origins, sockets, public.lower()
+        self.origins, self.sockets, self.public = origins, sockets, _serialized(public)
         self.credentials, self.max_age = credentials, max_age
 
     def _granted(self, origin: str) -> dict[str, str]:
@@ -204,7 +213,7 @@ class Cors:
         if origin is None or self.sockets.allows(origin):
             return
         lowered = origin.lower()
-        if lowered == self.public or lowered == f"{request.scheme}://{request.host}".lower():
+        if lowered == self.public or lowered == _serialized(f"{request.scheme}://{request.host}"):
             return
         raise Forbidden(
             f"pages of {origin[:200]} may not open a WebSocket here (websocket_origins)"

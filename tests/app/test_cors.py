@@ -270,8 +270,14 @@ async def test_websocket_origins_override_cors_origins(make_gateway: MakeGateway
     assert await upgrade_status(anyone, pipe["uri"], OTHER) == 101
 
 
-async def test_the_public_url_is_the_gateways_own_origin(make_gateway: MakeGateway) -> None:
-    gw = await make_gateway(public_url="https://gw.example.com")
+@pytest.mark.parametrize("public_url", ["https://gw.example.com", "https://gw.example.com:443"])
+async def test_the_public_url_is_the_gateways_own_origin(
+    make_gateway: MakeGateway, public_url: str
+) -> None:
+    """Browsers leave the scheme's own port out of ``Origin``: before, with
+    ``public_url = "https://gw.example.com:443"`` the gateway's own live page, whose
+    Origin is ``https://gw.example.com``, was refused its WebSocket (403)."""
+    gw = await make_gateway(public_url=public_url)
     pipe = await new_pipe(gw)
     path = "/" + pipe["uri"].split("/", 3)[3]
     headers = {"Host": "gw.example.com"}
