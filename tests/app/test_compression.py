@@ -22,6 +22,7 @@ import gzip
 import json
 import os
 import zlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -250,6 +251,26 @@ async def test_concatenated_members_and_raw_deflate_are_decoded(gw: Gateway) -> 
     for coding, packed in (("gzip", halves), ("deflate", raw.compress(plain) + raw.flush())):
         async with gw.http.post(FEED, data=packed, headers={**HJ, "Content-Encoding": coding}) as r:
             assert r.status == 200, await r.text()
+
+
+async def test_a_body_arriving_in_small_pieces_decodes_alike(gw: Gateway) -> None:
+    """Chunks of 7 bytes, two gzip members, a zstd frame: split anywhere, one body."""
+    plain = messages(5)
+    packings = {
+        "gzip": gzip.compress(plain[:300]) + gzip.compress(plain[300:]),
+        "zstd": zstd.compress(plain),
+    }
+    for coding, packed in packings.items():
+
+        async def pieces(packed: bytes = packed) -> AsyncIterator[bytes]:
+            for at in range(0, len(packed), 7):
+                yield packed[at : at + 7]
+                await asyncio.sleep(0)
+
+        headers = {**HJ, "Content-Encoding": coding}
+        async with gw.http.post(FEED, data=pieces(), headers=headers) as r:
+            assert r.status == 200, await r.text()
+            assert len((await r.json(content_type=None))["restms"]["message"]) == 5
 
 
 async def test_a_brotli_body_is_415_as_the_gateway_does_not_decode_it(gw: Gateway) -> None:
