@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 # zstd (re-exported: the tests and the benchmark decode and pack with the same module)
 if sys.version_info >= (3, 14):
     from compression import zstd
-else:  # the same module, as a package (aiohttp decodes zstd bodies with it too)
+else:  # the same module, as a package (the request bodies are decoded with it too)
     from backports import zstd
 
 # Codings of request bodies the gateway decodes (read_decoded); names as sent.
