@@ -88,7 +88,7 @@ def make_registry(app: web.Application) -> Registry:
     one process), or in the engine, shared by every node of a cluster (docs/CLUSTER.md)."""
     config = app[CONFIG]
     kept: Kept
-    if config.engine == "redis":
+    if config.clustered:
         kept = EngineKept(app[SERVICE])
     else:
         kept = FileKept(

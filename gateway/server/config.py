@@ -388,6 +388,11 @@ class Config:
             raise ConfigError("ready_commit_timeout must be positive")
 
     @property
+    def clustered(self) -> bool:
+        """Whether several nodes may share this gateway's engine (``engine = "redis"``)."""
+        return self.engine == "redis"
+
+    @property
     def lake(self) -> str:
         """Where the mirror writes: ``mirror_lake``, or ``lake`` in the data directory."""
         return self.mirror_lake or str(Path(self.data_dir) / "lake")

@@ -401,9 +401,13 @@ async def test_bridge_zeromq_up_then_down(make_gateway: MakeGateway) -> None:
              "endpoints": ["tcp://127.0.0.1:*"]}  # fmt: skip
     async with gw.http.post("/admin/bridges", json=first) as r:
         assert r.status == 201, await r.text()
-        endpoint = (await r.json())["endpoints"][0]
     up = await watcher.event("bridge.zeromq.up")
-    assert (up.headers["object"], up.details["url"]) == ("pub1", endpoint)
+    # the socket is opened after the reply: the event names the port it was bound to
+    async with gw.http.get("/admin/bridges/pub1") as r:
+        assert r.status == 200, await r.text()
+        endpoints = (await r.json())["endpoints"]
+    assert (up.headers["object"], [up.details["url"]]) == ("pub1", endpoints)
+    assert endpoints[0].startswith("tcp://127.0.0.1:") and "*" not in endpoints[0]
     # a second bridge binding a port someone else holds cannot open its socket: down
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
