@@ -21,6 +21,8 @@ import uvloop
 from aiohttp import web
 
 from auth import is_loopback
+from auth.cluster import SharedStateError
+from bridges.checks import redact
 from feeds.service import EngineService
 from gateway.server import tracing
 from gateway.server.app import begin_shutdown, build_app
@@ -123,7 +125,13 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
-    await runner.setup()
+    try:
+        await runner.setup()
+    except BaseException as exc:  # what started before the failure (the analytics worker) ends
+        await runner.cleanup()
+        if isinstance(exc, SharedStateError):  # a cluster not up: say so, no traceback
+            raise SystemExit(f"cannot start: {exc} at {redact(config.redis_url)}") from exc
+        raise
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)

@@ -36,6 +36,7 @@ from gateway.server.app import build_app
 from gateway.server.config import Config
 from gateway.server.run import make_runner, start_site
 from main import open_engine
+from tests.app import process
 from tests.app.oauth import DOMAIN, As, clients, token
 from tests.cluster_state import DEAD, PrivateCluster, namespace, private_cluster, redis_cluster
 from tests.conftest import Gateway
@@ -56,11 +57,12 @@ async def node(
     started: list[Gateway] = []
 
     async def start(*, url: str = redis_cluster, **overrides: Any) -> Gateway:
+        overrides.setdefault("analytics_preload", False)  # no JVM per node (tests/conftest.py)
         config = Config(port=0, data_dir=str(tmp_path / f"node{len(started)}"), **overrides)
         app = build_app(config, open_engine(config), shared=Shared.open(url, namespace))
         runner = make_runner(app, config)
-        await runner.setup()
         try:
+            await runner.setup()
             await start_site(runner, config, "127.0.0.1", 0)
         except BaseException:
             await runner.cleanup()
@@ -247,3 +249,18 @@ async def test_a_shared_state_that_stops_answering_is_a_503(
 async def test_a_node_cannot_start_without_its_shared_state(node: StartNode) -> None:
     with pytest.raises(OSError, match="did not answer"):
         await node(url=DEAD)
+
+
+async def test_serve_says_why_it_cannot_start_without_its_shared_state(tmp_path: Path) -> None:
+    """``main.py serve`` on a cluster that does not answer: exit status 1 and one line
+    naming the cause and the address (its password hidden), no traceback."""
+    dead = DEAD.replace("redis://", "redis://user:hush@", 1)
+    status, _, err = await process.main_py(
+        "serve", "--engine", "redis", "--redis-url", dead, "--port", "0",
+        "--data-dir", str(tmp_path / "var"),
+    )  # fmt: skip
+    assert status == 1, err
+    assert "cannot start: the shared state did not answer" in err, err
+    assert "user:***@" in err, err
+    assert "hush" not in err, err
+    assert "Traceback" not in err, err
