@@ -407,7 +407,8 @@ async def test_bridge_zeromq_up_then_down(make_gateway: MakeGateway) -> None:
         assert r.status == 200, await r.text()
         endpoints = (await r.json())["endpoints"]
     assert (up.headers["object"], [up.details["url"]]) == ("pub1", endpoints)
-    assert endpoints[0].startswith("tcp://127.0.0.1:") and "*" not in endpoints[0]
+    assert endpoints[0].startswith("tcp://127.0.0.1:")
+    assert "*" not in endpoints[0]
     # a second bridge binding a port someone else holds cannot open its socket: down
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
