@@ -118,9 +118,11 @@ def publish_tree(
 
 def _message_object(message: Message, message_id: str, persistent: bool | None) -> Tree:
     obj: Tree = {"address": message.address}
-    for name, value in zip(PROPERTIES, _properties(message), strict=True):
-        if value is not None:
-            obj[name] = str(value)
+    properties = _properties(message)
+    if properties != _UNSET:  # most messages set none of them
+        for name, value in zip(PROPERTIES, properties, strict=True):
+            if value is not None:
+                obj[name] = str(value)
     obj["message_id"] = message_id
     if message.persistent is not None:
         persistent = message.persistent
@@ -134,16 +136,14 @@ def _message_object(message: Message, message_id: str, persistent: bool | None) 
 
 
 _properties = operator.attrgetter(*PROPERTIES)
+_UNSET = (None,) * len(PROPERTIES)
 
 
 def _content_object(content: Content) -> Tree:
     if content.body is None:
         return {"href": content.href, "type": content.type}
-    try:
-        text = content.body.decode()
-    except UnicodeDecodeError:
-        text = None
-    if text is not None and plain(text):
+    text = _plain_text(content.body)
+    if text is not None:
         return {"type": content.type, "encoding": "plain", "value": text}
     encoded = base64.b64encode(content.body).decode()
     return {"type": content.type, "encoding": "base64", "value": encoded}
@@ -152,6 +152,26 @@ def _content_object(content: Content) -> Tree:
 def plain(text: str) -> bool:
     """Whether ``text`` can be a plain embedded content: XML 1.0 characters only."""
     return _PLAIN.fullmatch(text) is not None
+
+
+# What UTF-8 may hold outside XML 1.0's characters: the C0 controls but TAB, LF and
+# CR, and U+FFFE and U+FFFF (a surrogate is not UTF-8: decoding refuses it).
+_CONTROLS = bytes(set(range(0x20)) - {0x09, 0x0A, 0x0D})
+_NONCHARACTERS = (b"\xef\xbf\xbe", b"\xef\xbf\xbf")
+
+
+def _plain_text(body: bytes) -> str | None:
+    """``body`` as text when it may go as a plain content (UTF-8, and ``plain``),
+    else None. The same answer as the pattern, read from the bytes: a text of 1 KiB
+    in 0.6 µs against 1.2 (a third of what making a message's document cost)."""
+    if len(body.translate(None, _CONTROLS)) != len(body):
+        return None  # deleting the controls shortened it: it held one
+    if not body.isascii() and any(n in body for n in _NONCHARACTERS):
+        return None
+    try:
+        return body.decode()
+    except UnicodeDecodeError:
+        return None
 
 
 def _present(**properties: str | None) -> Tree:
