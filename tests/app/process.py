@@ -48,10 +48,12 @@ async def main_py(*args: str, env: dict[str, str] | None = None) -> tuple[int, s
 
 async def listening_port(proc: asyncio.subprocess.Process) -> int:
     assert proc.stderr is not None
+    printed: list[str] = []  # what the gateway said, for the failure message
     async with asyncio.timeout(20):
         while True:
             line = (await proc.stderr.readline()).decode()
-            assert line, "the gateway exited before it listened"
+            assert line, "the gateway exited before it listened:\n" + "".join(printed[-40:])
+            printed.append(line)
             found = re.search(r"listening on http://127\.0\.0\.1:(\d+)/", line)
             if found:
                 return int(found.group(1))
