@@ -39,7 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--log-level", help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     serve.add_argument("--engine", help="embedded (default) or redis (docs/CLUSTER.md)")
-    serve.add_argument("--redis-url", help="a seed node of the Redis Cluster (engine redis)")
+    serve.add_argument(
+        "--redis-url", help="a seed node of the Redis Cluster, or several, comma-separated"
+    )
     serve.add_argument(
         "--workers", type=int, help="gateway processes on one port (default 1; needs redis)"
     )
@@ -267,10 +269,12 @@ def open_engine(config: Config) -> EngineService:
     engine (memory, and SQLite in the data directory) by default; the Redis Cluster's
     with ``engine = "redis"``."""
     if config.engine == "redis":
+        from auth import cluster
         from feeds.redis import RedisEngine
 
+        url, seeds = cluster.seeds(config.redis_url)
         return RedisEngine.open(
-            config.engine_config(), config.redis_url, namespace=config.redis_namespace
+            config.engine_config(), url, namespace=config.redis_namespace, seeds=seeds
         )
     from feeds.embedded import EmbeddedEngine
 

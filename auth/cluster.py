@@ -40,13 +40,14 @@ import logging
 import math
 import re
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 import redis
 from joserfc.errors import JoseError
 from joserfc.jwk import ECKey
-from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from .clients import (
@@ -67,6 +68,7 @@ AUTH_TAG = "auth"
 TIMEOUT = 2.0  # seconds a Redis call may take before it is a failure (and a 503)
 STALE_AFTER = 3.0  # seconds without reading the revocation list: tokens refused (503)
 REPLICA_WAIT = 1.0  # seconds a new signing key waits for a replica to have it
+READY_PAUSE = 0.5  # seconds between a starting node's looks at a cluster not ready
 _NAMESPACE = re.compile(r"[A-Za-z0-9._-]{1,64}")  # inside a hash tag: no braces
 # Told to the server (CLIENT SETINFO); given, so that opening a connection does not read
 # the package's metadata from disk (a blocking call on the event loop).
@@ -105,17 +107,47 @@ class Shared:
         self.namespace = namespace
 
     @classmethod
-    def open(cls, url: str, namespace: str = "restms") -> Shared:
+    def open(
+        cls, url: str, namespace: str = "restms", seeds: Sequence[tuple[str, int]] = ()
+    ) -> Shared:
         """The cluster reached through the seed node ``url`` (``redis://`` or
-        ``rediss://``, which may carry ``user:password@``)."""
+        ``rediss://``, which may carry ``user:password@``), or through any of ``seeds``
+        (host, port) when that one does not answer; ``url``'s credentials and TLS
+        serve for all."""
         cluster = RedisCluster.from_url(
             url,
+            startup_nodes=[ClusterNode(host, port) for host, port in seeds],
             socket_timeout=TIMEOUT,
             socket_connect_timeout=TIMEOUT,
             decode_responses=False,
             driver_info=_DRIVER,
         )
         return cls(cluster, namespace)
+
+    async def ready(self, within: float) -> None:
+        """Return once the cluster serves every slot and each master answers, waiting
+        at most ``within`` seconds: a node that starts while the cluster fails over, or
+        while a seed node restarts and loads its data, waits for it instead of
+        failing. Raises :class:`SharedStateError` naming the last failure's kind."""
+        deadline = time.monotonic() + within
+        said = ""
+        while True:
+            try:
+                with answering():
+                    await self.redis.initialize()
+                    await self.redis.ping(target_nodes=RedisCluster.PRIMARIES)
+                    info = await self.redis.cluster_info(target_nodes=RedisCluster.RANDOM)
+                if info.get("cluster_state") == "ok":
+                    return
+                cause = "the cluster's state is not ok"
+            except SharedStateError as exc:
+                cause = str(exc)
+            if time.monotonic() + READY_PAUSE > deadline:
+                raise SharedStateError(cause)
+            if cause != said:
+                log.warning("%s: waiting up to %.0f s for the cluster", cause, within)
+                said = cause
+            await asyncio.sleep(READY_PAUSE)
 
     def key(self, tag: str, *parts: str) -> str:
         """``{<namespace>:<tag>}:<part>:<part>``: every key of one tag in one slot."""
@@ -144,7 +176,37 @@ def for_settings(settings: Settings) -> Shared | None:
     engine, whose node keeps its own in its data directory and memory."""
     if settings.engine != "redis":
         return None
-    return Shared.open(settings.redis_url, settings.redis_namespace)
+    url, more = seeds(settings.redis_url)
+    return Shared.open(url, settings.redis_namespace, more)
+
+
+def seeds(setting: str) -> tuple[str, list[tuple[str, int]]]:
+    """The ``redis_url`` setting, one seed URL or several separated by commas, as the
+    first URL (whose credentials and TLS serve for all) and the others' (host, port).
+    Raises ValueError, naming no part of the setting (the first URL may hold a
+    password), when one is not ``redis://host:port`` or ``rediss://host:port``, when
+    the schemes differ, or when a later one carries credentials of its own."""
+    first, *others = (part.strip() for part in setting.split(","))
+    scheme = _seed(first)[0]
+    more = []
+    for other in others:
+        kind, host, port, private = _seed(other)
+        if kind != scheme or private:
+            raise ValueError("the seed URLs after the first share its scheme and credentials")
+        more.append((host, port))
+    return first, more
+
+
+def _seed(url: str) -> tuple[str, str, int, bool]:
+    bad = ValueError("a seed URL must be redis://host:port or rediss://host:port")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port or 6379
+    except ValueError:
+        raise bad from None
+    if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+        raise bad
+    return parts.scheme, parts.hostname, port, bool(parts.username or parts.password)
 
 
 # ---------------------------------------------------------------- the signing key

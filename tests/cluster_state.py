@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -29,6 +28,7 @@ from auth.cluster import Shared
 from tests import nodes
 from tests.integration.test_cluster_script import DIR as CLUSTER_DIR
 from tests.integration.test_cluster_script import redis as _redis_cli
+from tests.sites import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 URL = nodes.CLUSTER_URL
@@ -91,24 +91,68 @@ async def dead() -> AsyncIterator[Shared]:
 
 @dataclasses.dataclass
 class PrivateCluster:
-    """A one-master Redis Cluster of the test's own (its own port and directory), which
-    the test may kill: the project's cluster is shared with others and never is."""
+    """A one-master Redis Cluster of the test's own (its own ports and directories), with
+    a replica when asked, which the test may kill: the project's cluster is shared with
+    others and never is."""
 
     url: str
-    process: subprocess.Popen[bytes]
+    processes: list[subprocess.Popen[bytes]]
+    bus: dict[int, int] = dataclasses.field(default_factory=dict)  # port -> its bus port
 
     def kill(self) -> None:
         """SIGKILL: the cluster stops answering at once."""
-        if self.process.poll() is None:
-            os.kill(self.process.pid, signal.SIGKILL)
+        for process in self.processes:
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGKILL)
+
+    def wait(self) -> None:
+        for process in self.processes:
+            process.wait(timeout=10)
 
 
 @pytest.fixture
 def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateCluster]:
     """Started before the test (the project's cluster up proves redis-server is there)
     and killed after it."""
-    port, bus = _free_port(), _free_port()  # the bus port given: port + 10000 may not exist
-    home = tmp_path / "private-redis"
+    cluster = start_private_cluster(tmp_path, free_port())
+    try:
+        yield cluster
+    finally:
+        cluster.kill()
+        cluster.wait()
+
+
+def start_private_cluster(tmp_path: Path, port: int, replica: bool = False) -> PrivateCluster:
+    """A cluster whose one master on ``port`` serves every slot, with a replica on a
+    free port if asked (the caller kills it)."""
+    cluster = PrivateCluster(url=f"redis://127.0.0.1:{port}", processes=[])
+    try:
+        _instance(tmp_path, port, cluster)
+        _redis_cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
+        _until(lambda: "cluster_state:ok" in _redis_cli(port, "CLUSTER", "INFO"), "it serves")
+        if replica:
+            second = free_port()
+            _instance(tmp_path, second, cluster)
+            master = _redis_cli(port, "CLUSTER", "MYID")
+            _redis_cli(second, "CLUSTER", "MEET", "127.0.0.1", str(port), str(cluster.bus[port]))
+            _until(lambda: master in _redis_cli(second, "CLUSTER", "NODES"), "the replica meets")
+            _redis_cli(second, "CLUSTER", "REPLICATE", master)
+            _until(
+                lambda: "master_link_status:up" in _redis_cli(second, "INFO", "replication"),
+                "the replica has the master's data",
+            )
+    except BaseException:
+        cluster.kill()
+        cluster.wait()
+        raise
+    return cluster
+
+
+def _instance(tmp_path: Path, port: int, cluster: PrivateCluster) -> None:
+    """A cluster-enabled redis-server on ``port``, answering, added to ``cluster``."""
+    bus = free_port()  # given: port + 10000 may not exist
+    cluster.bus[port] = bus
+    home = tmp_path / f"private-redis-{port}"
     home.mkdir()
     process = subprocess.Popen(
         [
@@ -121,27 +165,14 @@ def private_cluster(tmp_path: Path, redis_cluster: str) -> Iterator[PrivateClust
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
-    cluster = PrivateCluster(url=f"redis://127.0.0.1:{port}", process=process)
-    try:
-        _until(
-            lambda: _redis_cli(port, "PING") == "PONG" or process.poll() is not None,
-            "the private redis-server answers",
-        )
-        if process.poll() is not None:
-            log = (home / "redis.log").read_text(errors="replace")[-2000:]
-            pytest.fail(f"the private redis-server exited: {log}", pytrace=False)
-        _redis_cli(port, "CLUSTER", "ADDSLOTSRANGE", "0", "16383")
-        _until(lambda: "cluster_state:ok" in _redis_cli(port, "CLUSTER", "INFO"), "it serves")
-        yield cluster
-    finally:
-        cluster.kill()
-        process.wait(timeout=10)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:  # a free port, as the system picks one
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    cluster.processes.append(process)
+    _until(
+        lambda: _redis_cli(port, "PING") == "PONG" or process.poll() is not None,
+        "the private redis-server answers",
+    )
+    if process.poll() is not None:
+        log = (home / "redis.log").read_text(errors="replace")[-2000:]
+        pytest.fail(f"the private redis-server exited: {log}", pytrace=False)
 
 
 def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

@@ -251,9 +251,16 @@ class Link:
     would hold every other caller's commands too; see ALONE for the large).
     """
 
-    def __init__(self, url: str, replicas: int = 1, wait_ms: int = 1000):
+    def __init__(
+        self,
+        url: str,
+        replicas: int = 1,
+        wait_ms: int = 1000,
+        seeds: Sequence[tuple[str, int]] = (),
+    ):
         self.cluster = RedisCluster.from_url(
             url,
+            startup_nodes=[ClusterNode(host, port) for host, port in seeds],
             decode_responses=False,
             driver_info=DRIVER,
             socket_timeout=SOCKET_TIMEOUT,

@@ -135,10 +135,11 @@ class RedisEngine:
         namespace: str = "restms",
         sweep_interval: float = 1.0,
         replicas: int = 1,
+        seeds: Sequence[tuple[str, int]] = (),
     ) -> None:
         self.config = config
         self.keys = Keys(namespace)
-        self.link = Link(url, replicas=replicas)
+        self.link = Link(url, replicas=replicas, seeds=seeds)
         self.cache = Cache(config)
         self.counters = Counters()
         self.latency = Latency()
@@ -175,12 +176,18 @@ class RedisEngine:
         *,
         namespace: str = "restms",
         sweep_interval: float = 1.0,
+        seeds: Sequence[tuple[str, int]] = (),
     ) -> RedisEngine:
         """An engine on the cluster that ``url`` reaches (a seed node: ``redis://`` or
-        ``rediss://``, with ``user:password@`` when the cluster asks for one), its keys
-        under ``namespace``; call :meth:`start` before use."""
+        ``rediss://``, with ``user:password@`` when the cluster asks for one) or any of
+        ``seeds`` (host, port), its keys under ``namespace``; call :meth:`start` before
+        use."""
         return cls(
-            config or EngineConfig(), url, namespace=namespace, sweep_interval=sweep_interval
+            config or EngineConfig(),
+            url,
+            namespace=namespace,
+            sweep_interval=sweep_interval,
+            seeds=seeds,
         )
 
     # ------------------------------------------------------------ lifecycle

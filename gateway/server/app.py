@@ -79,8 +79,8 @@ def build_app(
         oauth.serve(app)  # token, introspection, revocation, JWKS, metadata
     app.on_shutdown.append(_end_waits)
     app.cleanup_ctx.append(mirroring.mirror_context)  # first in, last out: sees every event
-    if shared is not None:
-        app.cleanup_ctx.append(_shared_context(shared))  # closed after everything using it
+    if shared is not None:  # first ready, then closed after everything using it
+        app.cleanup_ctx.append(_shared_context(shared, config.redis_start_wait))
     app.cleanup_ctx.append(auth_context)
     app.cleanup_ctx.append(_engine_context)
     app.cleanup_ctx.append(bridges_context)  # after the store: bridges stop before it closes
@@ -100,15 +100,19 @@ async def _engine_context(app: web.Application) -> AsyncIterator[None]:
 
 
 def _shared_context(
-    shared: Shared,
+    shared: Shared, start_wait: float
 ) -> Callable[[web.Application], AsyncIterator[None]]:
-    async def closing(app: web.Application) -> AsyncIterator[None]:
+    """The shared state waited for at start (a cluster failing over, a seed node
+    loading its data), before anything else reads it; closed last."""
+
+    async def ready_then_closing(app: web.Application) -> AsyncIterator[None]:
         try:
+            await shared.ready(start_wait)
             yield
         finally:
             await shared.close()
 
-    return closing
+    return ready_then_closing
 
 
 def begin_shutdown(app: web.Application) -> None:

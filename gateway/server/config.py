@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from auth import GUEST, User
+from auth import GUEST, User, cluster
 from auth.clients import Client
 from bridges.checks import NAME as BRIDGE_NAME
 from bridges.config import BridgeConfig
@@ -172,6 +172,7 @@ class Config:
     engine: str = "embedded"
     redis_url: str = field(default="redis://127.0.0.1:7101", repr=False)  # a seed node
     redis_namespace: str = "restms"  # key prefix: several gateways may share one cluster
+    redis_start_wait: float = 30.0  # seconds a starting node waits for the cluster to be ready
     workers: int = 1  # gateway processes on one port (SO_REUSEPORT); above 1 needs "redis"
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
@@ -417,10 +418,15 @@ class Config:
     def _check_engine(self) -> None:
         if self.engine not in ("embedded", "redis"):
             raise ConfigError('engine must be "embedded" or "redis"')
-        url = urllib.parse.urlsplit(self.redis_url)
-        if url.scheme not in ("redis", "rediss") or not url.hostname:
-            # The URL may carry a password: the message never repeats it.
-            raise ConfigError("redis_url must be redis://host:port or rediss://host:port")
+        try:
+            cluster.seeds(self.redis_url)
+        except ValueError as exc:  # the message never repeats the URL: it may hold a password
+            raise ConfigError(
+                "redis_url must be redis://host:port or rediss://host:port, or several "
+                f"separated by commas: {exc}"
+            ) from None
+        if self.redis_start_wait < 0:
+            raise ConfigError("redis_start_wait must not be negative")
         if not _NAMESPACE.fullmatch(self.redis_namespace):
             raise ConfigError("redis_namespace must be 1 to 64 of A-Z a-z 0-9 . _ -")
         if not 1 <= self.workers <= MAX_WORKERS:

@@ -31,6 +31,7 @@ from gateway.server.connections import ConnectionLimits, GatewayRunner
 from gateway.server.datalock import lock_data_dir
 from gateway.server.shutdown import CANCEL_WAIT, IN_FLIGHT
 from gateway.server.workers import Supervisor
+from restms.errors import ServiceUnavailable
 
 log = logging.getLogger("gateway")
 
@@ -129,8 +130,11 @@ async def _serve(
         await runner.setup()
     except BaseException as exc:  # what started before the failure (the analytics worker) ends
         await runner.cleanup()
-        if isinstance(exc, SharedStateError):  # a cluster not up: say so, no traceback
-            raise SystemExit(f"cannot start: {exc} at {redact(config.redis_url)}") from exc
+        # A cluster not up, or one that cannot keep a write (no replica): say so, no
+        # traceback.
+        if isinstance(exc, SharedStateError | ServiceUnavailable):
+            where = f" at {redact(config.redis_url)}" if config.engine == "redis" else ""
+            raise SystemExit(f"cannot start: {exc}{where}") from exc
         raise
     gc.collect()
     gc.freeze()

@@ -248,18 +248,23 @@ async def test_a_shared_state_that_stops_answering_is_a_503(
 
 async def test_a_node_cannot_start_without_its_shared_state(node: StartNode) -> None:
     with pytest.raises(OSError, match="did not answer"):
-        await node(url=DEAD)
+        await node(url=DEAD, redis_start_wait=0.5)
 
 
 async def test_serve_says_why_it_cannot_start_without_its_shared_state(tmp_path: Path) -> None:
-    """``main.py serve`` on a cluster that does not answer: exit status 1 and one line
-    naming the cause and the address (its password hidden), no traceback."""
+    """``main.py serve`` on a cluster that does not answer: it waits for it as long as
+    ``redis_start_wait`` says, then exits with status 1 and one line naming the cause
+    and the address (its password hidden), no traceback."""
     dead = DEAD.replace("redis://", "redis://user:hush@", 1)
+    began = time.monotonic()
     status, _, err = await process.main_py(
         "serve", "--engine", "redis", "--redis-url", dead, "--port", "0",
         "--data-dir", str(tmp_path / "var"),
+        env={"RESTMS_REDIS_START_WAIT": "2"},
     )  # fmt: skip
     assert status == 1, err
+    assert time.monotonic() - began >= 1.5, err
+    assert "waiting up to 2 s for the cluster" in err, err
     assert "cannot start: the shared state did not answer" in err, err
     assert "user:***@" in err, err
     assert "hush" not in err, err

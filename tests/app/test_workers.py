@@ -179,7 +179,11 @@ async def test_a_killed_worker_is_started_again_and_sigterm_stops_them_all(
 
 async def test_workers_that_cannot_reach_the_cluster_stop_the_command(tmp_path: Path) -> None:
     dead = f"redis://127.0.0.1:{free_port()}"
-    async with workers(tmp_path, 2, RESTMS_REDIS_URL=dead) as (proc, _, log):
+    async with workers(tmp_path, 2, RESTMS_REDIS_URL=dead, RESTMS_REDIS_START_WAIT="1") as (
+        proc,
+        _,
+        log,
+    ):
         async with asyncio.timeout(60):
             assert await proc.wait() == 1
         await log.until(r"ended with exit code \d+ .* after its start: stopping")

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from auth import User, is_loopback
+from auth import User, cluster, is_loopback
 from gateway.server.config import Config, ConfigError, load
 
 
@@ -207,6 +207,11 @@ def test_the_engine_is_chosen_by_file_env_and_flag(tmp_path: Path) -> None:
         ({"engine": "redis", "workers": 2, "port": 0}, "need a fixed port"),
         ({"engine": "redis", "redis_url": "http://127.0.0.1:7101"}, "redis_url must be"),
         ({"engine": "redis", "redis_url": "redis://"}, "redis_url must be"),
+        ({"engine": "redis", "redis_url": "redis://a:1,"}, "redis_url must be"),
+        ({"engine": "redis", "redis_url": "redis://a:1,rediss://b:2"}, "share its scheme"),
+        ({"engine": "redis", "redis_url": "redis://a:1,redis://u:p@b:2"}, "and credentials"),
+        ({"engine": "redis", "redis_url": "redis://a:1,redis://b:port"}, "redis_url must be"),
+        ({"engine": "redis", "redis_start_wait": -1}, "redis_start_wait must not be negative"),
         ({"engine": "redis", "redis_namespace": "a}b"}, "redis_namespace must be"),
         ({"engine": "redis", "redis_namespace": ""}, "redis_namespace must be"),
     ],
@@ -221,3 +226,14 @@ def test_a_refused_redis_url_never_shows_its_password() -> None:
         Config(redis_url="http://user:s3cret-pass@127.0.0.1:7101")
     assert "s3cret-pass" not in str(refused.value)
     assert "s3cret-pass" not in repr(Config(redis_url="redis://:s3cret-pass@127.0.0.1:7101"))
+
+
+def test_several_seed_nodes_share_the_first_ones_credentials() -> None:
+    first = "rediss://user:pw@10.0.0.1:7101"
+    url, more = cluster.seeds(f"{first}, rediss://10.0.0.2:7102,rediss://[::1]:7103")
+    assert (url, more) == (first, [("10.0.0.2", 7102), ("::1", 7103)])
+    assert cluster.seeds("redis://127.0.0.1:7101") == ("redis://127.0.0.1:7101", [])
+    assert Config(engine="redis", redis_url=f"{first},rediss://h:1").redis_start_wait == 30.0
+    with pytest.raises(ConfigError) as refused:
+        Config(redis_url="redis://user:s3cret-pass@a:1,redis://b:x")
+    assert "s3cret-pass" not in str(refused.value)
