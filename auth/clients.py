@@ -38,11 +38,14 @@ import re
 import secrets
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from .limits import Remembered
 
 CLIENTS_FILE = Path("oauth", "clients.json")  # relative to the data directory
 
@@ -274,6 +277,38 @@ class ClientStore:
             ],
         }
         write_private(self.path, json.dumps(document, indent=2).encode("utf-8") + b"\n")
+
+
+REMEMBERED_FOR = 300.0  # seconds a client secret that checked right skips scrypt
+REMEMBERED_KEPT = 10_000  # such secrets remembered at most (the least recently used go)
+
+
+class CheckedSecrets:
+    """Client secrets that checked right lately, so that a client asking again (a
+    resource server introspecting token after token, a client fetching a token per
+    job) costs a keyed hash instead of scrypt and a turn of the bounds on secret
+    checks. Each is kept as an HMAC, under a key made at start, of the client id, the
+    secret hash it checked against and the secret, never the secret: a client removed,
+    or added again with a new secret, does not match. Single-threaded: it belongs to
+    one event loop."""
+
+    __slots__ = ("_key", "_right")
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._key = secrets.token_bytes(32)
+        self._right = Remembered(REMEMBERED_FOR, REMEMBERED_KEPT, clock)
+
+    def _mac(self, client: Client, secret: str) -> bytes:
+        data = "\0".join((client.client_id, client.secret_hash, secret))
+        return hmac.new(self._key, data.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
+
+    def holds(self, client: Client, secret: str) -> bool:
+        """Whether ``secret`` checked right against ``client`` as it is now, lately."""
+        return self._mac(client, secret) in self._right
+
+    def add(self, client: Client, secret: str) -> None:
+        """``secret`` has just checked right against ``client``."""
+        self._right.add(self._mac(client, secret))
 
 
 class Clients(Protocol):

@@ -69,7 +69,15 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
-__all__ = ["Buckets", "LocalBuckets", "RateLimiter", "SecretChecks", "Slots", "address_key"]
+__all__ = [
+    "Buckets",
+    "LocalBuckets",
+    "RateLimiter",
+    "Remembered",
+    "SecretChecks",
+    "Slots",
+    "address_key",
+]
 
 KNOWN_FOR = 7 * 24 * 3600.0  # seconds a secret that checked right skips the bounds
 KNOWN_KEPT = 10_000  # such secrets remembered at most (the least recently used go)
@@ -259,6 +267,37 @@ def address_key(peer: str | None) -> str:
     return str(address)
 
 
+class Remembered:
+    """Keys (HMACs) remembered for ``ttl`` seconds each, at most ``kept`` of them, the
+    least recently added forgotten first. Single-threaded."""
+
+    __slots__ = ("_clock", "_kept", "_ttl", "_until")
+
+    def __init__(self, ttl: float, kept: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ttl, self._kept, self._clock = ttl, kept, clock
+        self._until: OrderedDict[bytes, float] = OrderedDict()
+
+    def __contains__(self, key: bytes) -> bool:
+        if not self._until:
+            return False
+        until = self._until.get(key)
+        if until is None:
+            return False
+        if until <= self._clock():
+            del self._until[key]
+            return False
+        return True
+
+    def add(self, key: bytes) -> bool:
+        """Remember ``key`` from now on; whether it was not held already (expired or
+        not)."""
+        new = self._until.pop(key, None) is None
+        self._until[key] = self._clock() + self._ttl
+        while len(self._until) > self._kept:
+            self._until.popitem(last=False)
+        return new
+
+
 class SecretChecks:
     """Secret checks per client address and per account, and the secrets known right
     (see the module docstring). Single-threaded, like the buckets it holds.
@@ -269,7 +308,7 @@ class SecretChecks:
     this node's own (then ``account_rate`` and ``account_burst`` are theirs to know).
     """
 
-    __slots__ = ("_clock", "_key", "_known", "accounts", "addresses")
+    __slots__ = ("_key", "_known", "accounts", "addresses")
 
     def __init__(
         self,
@@ -287,9 +326,8 @@ class SecretChecks:
             local = RateLimiter(account_rate, account_burst, max_keys=max_keys, clock=clock)
             accounts = LocalBuckets(local)
         self.accounts = accounts
-        self._clock = clock
         self._key = secrets.token_bytes(32)
-        self._known: OrderedDict[bytes, float] = OrderedDict()  # HMAC -> until when
+        self._known = Remembered(KNOWN_FOR, KNOWN_KEPT, clock)  # HMACs of right secrets
 
     def _mac(self, account: str, secret: str) -> bytes:
         data = account.encode("utf-8", "surrogatepass") + b"\0"
@@ -299,16 +337,7 @@ class SecretChecks:
 
     def known(self, account: str, secret: str) -> bool:
         """Whether this secret checked right for this account lately."""
-        if not self._known:
-            return False
-        mac = self._mac(account, secret)
-        until = self._known.get(mac)
-        if until is None:
-            return False
-        if until <= self._clock():
-            del self._known[mac]
-            return False
-        return True
+        return self._mac(account, secret) in self._known
 
     async def admit(self, peer: str | None, account: str, secret: str) -> tuple[float, str]:
         """``(0.0, "")`` when the check may run; else the seconds until it may and the
@@ -331,13 +360,6 @@ class SecretChecks:
     async def passed(self, account: str, secret: str) -> None:
         """The check :meth:`admit` let run found the secret right: the account gets back
         what it paid, and the secret is known right from now on."""
-        mac = self._mac(account, secret)
-        known = self._known
-        paid = mac not in known  # a known secret paid nothing into the account's bucket
-        if not paid:
-            known.move_to_end(mac)
-        known[mac] = self._clock() + KNOWN_FOR
-        while len(known) > KNOWN_KEPT:
-            known.popitem(last=False)
-        if paid:
+        # A secret known already paid nothing into the account's bucket.
+        if self._known.add(self._mac(account, secret)):
             await self.accounts.give(account)

@@ -8,7 +8,8 @@
 * ``GET /.well-known/oauth-authorization-server``: RFC 8414 metadata.
 
 The three POST endpoints authenticate the client the same way (:func:`_client`: HTTP
-Basic or form fields, the secret checks bounded per address and per account); their
+Basic or form fields, the secret checks bounded per address and per account, a secret
+that checked right lately not checked again); their
 errors are RFC 6749 section 5.2 JSON, not the ``text/plain`` of the rest of the
 gateway, because OAuth client libraries read them, and every reply carries
 ``Cache-Control: no-store``.
@@ -31,7 +32,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from auth.clients import Client, Clients, ClientStore, FileClients
+from auth.clients import CheckedSecrets, Client, Clients, ClientStore, FileClients
 from auth.issuer import (
     INTROSPECTION_PATH,
     JWKS_PATH,
@@ -58,6 +59,7 @@ PUBLIC_PATHS: frozenset[str] = frozenset(
 )
 # The introspection and revocation endpoints' logic, set at start with the issuer.
 OWN_TOKENS = web.AppKey("oauth_own_tokens", OwnTokens)
+CHECKED = web.AppKey("oauth_checked_secrets", CheckedSecrets)
 
 _NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
 _CACHEABLE = {"Cache-Control": "public, max-age=300"}
@@ -81,6 +83,7 @@ def add_routes(
 
 def serve(app: web.Application) -> None:
     """The routes of the five endpoints."""
+    app[CHECKED] = CheckedSecrets()
     app.router.add_post(TOKEN_PATH, token)
     app.router.add_post(INTROSPECTION_PATH, introspect)
     app.router.add_post(REVOCATION_PATH, revoke)
@@ -111,16 +114,24 @@ async def _answered(work: Callable[[], Awaitable[web.Response]]) -> web.Response
 
 async def _client(request: web.Request, client_id: str, secret: str) -> Client:
     """The client whose id and secret these are, checked within the bounds on secret
-    checks; :class:`InvalidClient` (401) for a wrong one, as at every endpoint here."""
+    checks; :class:`InvalidClient` (401) for a wrong one, as at every endpoint here. A
+    secret that checked right lately against the client as it is now is not checked
+    again (:class:`auth.clients.CheckedSecrets`)."""
     checks = request.app.get(CHECKS)
+    registry, checked = request.app[CLIENTS], request.app[CHECKED]
     try:
+        client = await registry.get(client_id)
+        if client is not None and checked.holds(client, secret):
+            return client
         if checks is not None:  # 429 past a bound, an OAuth error as the others here
             wait, reason = await checks.admit(request.remote, client_id, secret)
             if wait:
                 raise TooManyChecks(reason, max(1, math.ceil(wait)))
-        client = await request.app[CLIENTS].authenticate(client_id, secret)
-        if client is not None and checks is not None:
-            await checks.passed(client_id, secret)
+        client = await registry.authenticate(client_id, secret)
+        if client is not None:
+            checked.add(client, secret)
+            if checks is not None:
+                await checks.passed(client_id, secret)
     except OSError as exc:  # a store that did not answer; the reason names no secret
         log.warning("client not authenticated: %s", exc)
         raise Unavailable("the client registry cannot be reached; retry later") from exc

@@ -248,14 +248,25 @@ async def test_the_hint_is_ignored_whatever_it_says(make_gateway: MakeGateway) -
     assert await introspect(gw, "app", secrets["app"], tok) == INACTIVE
 
 
-async def test_a_token_of_a_revoked_client_is_inactive(make_gateway: MakeGateway) -> None:
+async def with_admin(make_gateway: MakeGateway) -> tuple[Gateway, As, dict[str, str]]:
+    """A gateway with an admin client ``root`` (as a bearer) and a resource server
+    ``rs``; their secrets."""
     configured, secrets = await clients(root="restms:admin", rs="restms:introspect")
     gw = await make_gateway(clients=configured, oauth_issuer=ISS)
-    root = As.bearer(gw, await token(gw, "root", secrets["root"]))
+    return gw, As.bearer(gw, await token(gw, "root", secrets["root"])), secrets
+
+
+async def add_worker(gw: Gateway, root: As) -> str:
+    """The client ``worker`` added at run time; its secret."""
     added = {"client_id": "worker", "scopes": ["restms:read"]}
     async with gw.http.post("/admin/clients", json=added, headers=root.auth) as r:
-        assert r.status == 201
-        tok = await token(gw, "worker", (await r.json())["client_secret"])
+        assert r.status == 201, await r.text()
+        return str((await r.json())["client_secret"])
+
+
+async def test_a_token_of_a_revoked_client_is_inactive(make_gateway: MakeGateway) -> None:
+    gw, root, secrets = await with_admin(make_gateway)
+    tok = await token(gw, "worker", await add_worker(gw, root))
     assert (await introspect(gw, "rs", secrets["rs"], tok))["active"]
     async with gw.http.delete("/admin/clients/worker", headers=root.auth) as r:
         assert r.status == 200
@@ -406,3 +417,42 @@ async def test_secret_checks_are_bounded_as_at_the_token_endpoint(
         assert int(headers["Retry-After"]) >= 1
     # the holder of the right secret, known right before, is not locked out
     assert (await introspect(gw, "app", secrets["app"], tok))["active"]
+
+
+async def test_a_resource_server_introspects_often_without_meeting_the_bounds(
+    make_gateway: MakeGateway,
+) -> None:
+    """A client secret that checked right is not checked with scrypt again (nor counted
+    against the bounds on secret checks, 20 at once and 5 a second from one address):
+    a resource server introspects token after token; a wrong secret is still bounded."""
+    gw, secrets = await setting(make_gateway)
+    tok = await token(gw, "app", secrets["app"])
+    began = time.monotonic()
+    for _ in range(120):  # six times the burst, faster than the bound's refill
+        assert (await introspect(gw, "rs", secrets["rs"], tok))["active"]
+    took = time.monotonic() - began
+    assert took < 120 / 5, f"120 introspections took {took:.1f} s"
+    statuses = [
+        (await post(gw, INTROSPECT, {"token": tok}, basic("rs", "x")))[0] for _ in range(30)
+    ]
+    assert statuses[0] == 401, statuses
+    assert set(statuses) == {401, 429}, statuses
+
+
+async def test_a_removed_client_secret_checked_before_is_refused(
+    make_gateway: MakeGateway,
+) -> None:
+    """Remembering a secret that checked right never outlives the client: removed, or
+    added again under the same id with a new secret, the old secret is refused."""
+    gw, root, _ = await with_admin(make_gateway)
+    old = await add_worker(gw, root)
+    tok = await token(gw, "worker", old)
+    assert (await introspect(gw, "worker", old, tok))["active"]  # checked right: remembered
+    async with gw.http.delete("/admin/clients/worker", headers=root.auth) as r:
+        assert r.status == 200
+    status, body, _ = await post(gw, INTROSPECT, {"token": tok}, basic("worker", old))
+    assert (status, body["error"]) == (401, "invalid_client")
+    new = await add_worker(gw, root)
+    status, body, _ = await post(gw, INTROSPECT, {"token": tok}, basic("worker", old))
+    assert (status, body["error"]) == (401, "invalid_client")
+    assert (await post(gw, INTROSPECT, {"token": tok}, basic("worker", new)))[0] == 200

@@ -208,3 +208,26 @@ def test_a_corrupt_file_is_an_error_not_an_empty_store(path: Path) -> None:
     path.write_text("not json")
     with pytest.raises(ValueError, match="cannot read"):
         ClientStore(path).get("app")
+
+
+def test_a_checked_secret_is_remembered_against_the_client_as_it_was() -> None:
+    now = [0.0]
+    checked = clients.CheckedSecrets(clock=lambda: now[0])
+    client = Client(client_id="app", secret_hash="scrypt$one", scopes=("restms:read",))
+    assert not checked.holds(client, "s3cret")
+    checked.add(client, "s3cret")
+    assert checked.holds(client, "s3cret")
+    assert not checked.holds(client, "other")
+    again = Client(client_id="app", secret_hash="scrypt$two", scopes=("restms:read",))
+    assert not checked.holds(again, "s3cret")  # added again, with another secret
+    now[0] = clients.REMEMBERED_FOR + 1
+    assert not checked.holds(client, "s3cret")  # forgotten after its time
+
+
+def test_checked_secrets_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(clients, "REMEMBERED_KEPT", 3)
+    checked = clients.CheckedSecrets()
+    made = [Client(client_id=f"c{i}", secret_hash="scrypt$h", scopes=("a",)) for i in range(5)]
+    for client in made:
+        checked.add(client, "s")
+    assert [checked.holds(client, "s") for client in made] == [False, False, True, True, True]
