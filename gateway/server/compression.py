@@ -14,8 +14,13 @@ some thirty times longer making them (a 116 KB listing: about 3 ms to make, 0.09
 gzip, 0.025 ms to zstd), so that a thread's hand-over costs more than it saves; larger
 ones in a thread, so the loop never waits long. Such replies carry ``Vary:
 Accept-Encoding``. Smaller replies, and the streams (SSE, stream pipes, WebSocket:
-their messages must go out one by one, as they come), are sent as they are. The
-``ETag`` stays the resource's: it names its version, in whichever coding.
+their messages must go out one by one, as they come), are sent as they are. A
+compressed reply's ``ETag`` is made weak (``W/"..."``): a strong tag names one sequence
+of bytes, and the coded bytes are others (RFC 9110 8.8.3), so a cache or a range
+request never takes one coding's bytes for the other's. The comparisons that matter
+here are weak anyway (``If-None-Match``, ``When-None-Match``; ``If-Match`` takes either
+form), and a ``304`` answering a weak tag names it weak, so that a cache holding the
+compressed copy freshens it.
 
 A request without ``Accept-Encoding`` is not looked at any further: the check is one
 header look-up in :mod:`gateway.server.middleware`.
@@ -189,6 +194,10 @@ async def offer(request: web.Request, response: web.StreamResponse, min_bytes: i
         return  # a stream, or a socket: sent as it goes
     if response.status == 304:  # its 200 may have been compressed: the same Vary
         response.headers.add(hdrs.VARY, "Accept-Encoding")  # (RFC 9110 15.4.5)
+        tag = response.headers.get(hdrs.ETAG)
+        asked = request.headers.get(hdrs.IF_NONE_MATCH, "")
+        if tag and any(part.strip() == "W/" + tag for part in asked.split(",")):
+            response.headers[hdrs.ETAG] = "W/" + tag  # the compressed copy's, freshened
         return
     body = response.body
     if not isinstance(body, bytes) or len(body) < min_bytes:
@@ -204,6 +213,9 @@ async def offer(request: web.Request, response: web.StreamResponse, min_bytes: i
             pack(body) if len(body) <= INLINE_MAX else await asyncio.to_thread(pack, body)
         )
         headers[hdrs.CONTENT_ENCODING] = coding
+        tag = headers.get(hdrs.ETAG)
+        if tag and not tag.startswith("W/"):
+            headers[hdrs.ETAG] = "W/" + tag
 
 
 __all__ = [

@@ -7,7 +7,9 @@ Decided behaviour under test:
   whose ``Accept-Encoding`` accepts it: ``zstd`` or ``gzip``, the one weighed higher
   (zstd on a tie; ``q=0`` refuses, ``*`` stands for the others), with ``Vary:
   Accept-Encoding``, and decodes to the very bytes sent uncompressed: the OpenAPI
-  document, a pipe listing, a batched publish's reply. The ETag stays. Smaller
+  document, a pipe listing, a batched publish's reply; its ETag is the weak form of the
+  plain reply's (other bytes), which revalidates (304, naming the tag sent) and serves
+  If-Match as the strong one does. Smaller
   replies, streams, and gateways with ``compression = false`` are sent as they are.
 * A request body with ``Content-Encoding: gzip``, ``deflate`` or ``zstd`` is decoded;
   ``max_body`` counts the decoded bytes, so a zip bomb is ``413`` with a ``text/plain``
@@ -85,17 +87,39 @@ async def test_the_openapi_document_is_compressed_for_gzip_clients(gw: Gateway) 
     assert gzip.decompress(packed) == plain
 
 
-async def test_the_etag_stays_the_resources(gw: Gateway) -> None:
+async def test_a_compressed_reply_has_the_weak_form_of_the_etag(gw: Gateway) -> None:
     _, plain_headers, plain = await raw(gw, "GET", "/static/app.js", headers=IDENTITY)
     _, headers, packed = await raw(gw, "GET", "/static/app.js", headers=GZIP)
     assert headers["Content-Encoding"] == "gzip"
     assert gzip.decompress(packed) == plain
-    assert headers["ETag"] == plain_headers["ETag"]  # the version, whichever coding
-    conditional = {**GZIP, "If-None-Match": headers["ETag"]}
-    status, revalidated, empty = await raw(gw, "GET", "/static/app.js", headers=conditional)
-    assert (status, empty) == (304, b"")
-    # RFC 9110 15.4.5: a 304 has the Vary its 200 would have had (before, it had not)
-    assert "Accept-Encoding" in revalidated.getall("Vary", [])
+    strong = plain_headers["ETag"]
+    assert not strong.startswith("W/")
+    # other bytes, so not the plain reply's strong tag (RFC 9110 8.8.3)
+    assert headers["ETag"] == "W/" + strong
+    for sent in (headers["ETag"], strong):  # the compressed copy's tag, or the plain one's
+        conditional = {**GZIP, "If-None-Match": sent}
+        status, revalidated, empty = await raw(gw, "GET", "/static/app.js", headers=conditional)
+        assert (status, empty) == (304, b"")
+        assert revalidated["ETag"] == sent  # freshens the copy it names
+        # RFC 9110 15.4.5: a 304 has the Vary its 200 would have had
+        assert "Accept-Encoding" in revalidated.getall("Vary", [])
+
+
+async def test_a_pipe_read_compressed_is_revalidated_and_deleted_with_its_weak_etag(
+    gw: Gateway,
+) -> None:
+    uri = await filled_pipe(gw, 50)
+    _, headers, _ = await raw(gw, "GET", uri, headers={**AJ, **GZIP})
+    assert headers["Content-Encoding"] == "gzip"
+    weak = headers["ETag"]
+    assert weak.startswith("W/")
+    status, _, _ = await raw(gw, "GET", uri, headers={**AJ, **GZIP, "If-None-Match": weak})
+    assert status == 304
+    stale = weak[:3] + ("0" if weak[3] != "0" else "1") + weak[4:]  # another version's
+    status, headers, reason = await raw(gw, "DELETE", uri, headers={"If-Match": stale})
+    assert (status, headers["Content-Type"]) == (412, "text/plain; charset=utf-8"), reason
+    status, _, reason = await raw(gw, "DELETE", uri, headers={"If-Match": weak})
+    assert status == 200, reason
 
 
 async def test_a_pipe_listing_is_smallest_in_zstd(gw: Gateway) -> None:
