@@ -64,7 +64,7 @@ from gateway.auth.authn import AUTH, authenticate, checks_every_path
 from gateway.server import compression, requestid, tracing
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.proxies import PROXIES, Proxies, relayed
-from gateway.server.requestid import X_REQUEST_ID
+from gateway.server.requestid import SERVER, X_REQUEST_ID
 from gateway.server.shutdown import IN_FLIGHT, InFlight
 from gateway.server.state import STATE, State
 from restms.errors import (
@@ -182,6 +182,7 @@ def _concerns(
         # Too late for a reply its handler prepared (it has it: requestid.stamp), and
         # harmless there: cheaper than asking.
         response.headers[X_REQUEST_ID] = request_id
+        response.headers[hdrs.SERVER] = SERVER
         requests.record(route, request.method, response.status, perf_counter() - began)
         return response
 

@@ -30,9 +30,12 @@ import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 
-from aiohttp import web
+from aiohttp import hdrs, web
 
 X_REQUEST_ID = "X-Request-ID"
+# Every reply's Server header (aiohttp's default names the Python and aiohttp versions,
+# which tells a scanner which known flaws to try).
+SERVER = "restms-gateway"
 TRACEPARENT = "traceparent"
 MAX_LENGTH = 128
 _SAFE = re.compile(rf"[A-Za-z0-9\-_.:+/=@]{{1,{MAX_LENGTH}}}").fullmatch
@@ -84,9 +87,10 @@ def untraced(request: web.Request) -> str:
 
 
 def stamp(response: web.StreamResponse) -> None:
-    """Put the current request's id on ``response``: for the replies a handler prepares
-    itself (streams, SSE, WebSocket), before their head is written; the middleware does
-    it for every other reply."""
+    """Put the current request's id, and the Server header, on ``response``: for the
+    replies a handler prepares itself (streams, SSE, WebSocket), before their head is
+    written; the middleware does it for every other reply."""
+    response.headers[hdrs.SERVER] = SERVER
     request_id = CURRENT.get()
     if request_id is not None:
         response.headers[X_REQUEST_ID] = request_id

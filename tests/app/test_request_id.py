@@ -7,7 +7,8 @@ Decided behaviour under test:
   outside letters, digits and ``-_.:+/=@``) is replaced, never refused.
 * Without ``X-Request-ID``, a valid W3C ``traceparent`` gives its trace id; an invalid
   one (bad version, zero ids, wrong length) is ignored.
-* Refusals (404, 405, 401) and replies their handler streams (SSE) carry it too.
+* Refusals (404, 405, 401) and replies their handler streams (SSE) carry it too, and
+  every reply says ``Server: restms-gateway``, no versions.
 * The access log line and the other log lines a request causes end with
   ``request_id=<id>``, in the log format ``main.py serve`` writes (a real process).
 """
@@ -38,6 +39,13 @@ async def request_id(gw: Gateway, method: str, path: str, **headers: str) -> str
     async with gw.http.request(method, path, headers=headers) as r:
         await r.read()
         return r.headers["X-Request-ID"]
+
+
+async def test_replies_name_the_server_without_versions(gw: Gateway) -> None:
+    for path in ("/restms/domain/default", "/healthz", "/openapi.json"):
+        async with gw.http.get(path) as r:
+            assert r.status == 200
+            assert r.headers["Server"] == "restms-gateway", path
 
 
 async def test_each_request_gets_a_new_id(gw: Gateway) -> None:
@@ -98,6 +106,7 @@ async def test_refusals_carry_the_id(gw: Gateway, method: str, path: str, status
     async with gw.http.request(method, path, headers={"X-Request-ID": "refused-1"}) as r:
         assert r.status == status
         assert r.headers["X-Request-ID"] == "refused-1"
+        assert r.headers["Server"] == "restms-gateway"  # no versions to look flaws up by
 
 
 async def test_a_streamed_reply_carries_the_id(gw: Gateway) -> None:
@@ -107,6 +116,7 @@ async def test_a_streamed_reply_carries_the_id(gw: Gateway) -> None:
         assert r.status == 200
         assert r.headers["Content-Type"].startswith("text/event-stream")
         assert r.headers["X-Request-ID"] == "sse-1"
+        assert r.headers["Server"] == "restms-gateway"
 
 
 async def test_log_lines_of_a_request_end_with_its_id(tmp_path: object) -> None:
