@@ -23,6 +23,10 @@ non-global range, for IPv4 and IPv6. An IPv6 address that carries an IPv4 addres
 (IPv4-mapped ``::ffff:a.b.c.d``, NAT64 ``64:ff9b::/96``, 6to4 ``2002::/16``, Teredo)
 is judged by the IPv4 address it carries as well. Names are resolved with the loop's
 ``getaddrinfo``, which runs in a worker thread: the loop never blocks.
+
+Federation links defined at run time are held to the same guard, with their own
+setting (``federation_allow``; gateway/federation/client.py, docs/FEDERATION.md): a
+:class:`Guard` names what it guards (``what``) and the setting that widens it.
 """
 
 from __future__ import annotations
@@ -85,8 +89,10 @@ def refusal(ip: Address) -> str | None:
     return None
 
 
-def parse_allow(entries: Iterable[str]) -> tuple[tuple[Network, ...], frozenset[str]]:
-    """``webhook_allow`` entries: networks and addresses, or host names (ValueError)."""
+def parse_allow(
+    entries: Iterable[str], setting: str = "webhook_allow"
+) -> tuple[tuple[Network, ...], frozenset[str]]:
+    """``setting``'s entries: networks and addresses, or host names (ValueError)."""
     networks: list[Network] = []
     hosts: set[str] = set()
     for entry in entries:
@@ -98,26 +104,37 @@ def parse_allow(entries: Iterable[str]) -> tuple[tuple[Network, ...], frozenset[
         name = entry.lower().removesuffix(".")
         labels = name.split(".")
         if not name or not all(label and label.replace("-", "").isalnum() for label in labels):
-            raise ValueError(f"webhook_allow: {entry!r} is neither a CIDR nor a host name")
+            raise ValueError(f"{setting}: {entry!r} is neither a CIDR nor a host name")
         hosts.add(name)
     return tuple(networks), frozenset(hosts)
 
 
 def split_allow(value: str) -> list[str]:
-    """The configured ``webhook_allow`` string: entries apart by commas or spaces."""
+    """A configured allow string (``webhook_allow``): entries apart by commas or spaces."""
     return value.replace(",", " ").split()
 
 
 class RefusedAddress(OSError):
     """A connection the guard does not allow (an ``OSError``: aiohttp reports it as a
-    failed connection, never as an answer of the receiver)."""
+    failed connection, never as an answer of the receiver). Its ``strerror`` is the
+    reason too, for clients that report a failed connection by its ``strerror``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.strerror = reason
 
 
 class Guard:
-    """The policy: what is refused, and what the configuration allows anyway."""
+    """The policy: what is refused, and what the configuration allows anyway.
 
-    def __init__(self, allow: Iterable[str] = ()) -> None:
-        self.networks, self.hosts = parse_allow(allow)
+    ``what`` names the target in reasons ("the callback address is loopback"),
+    ``setting`` the configuration key ``allow`` comes from."""
+
+    def __init__(
+        self, allow: Iterable[str] = (), *, what: str = "callback", setting: str = "webhook_allow"
+    ) -> None:
+        self.networks, self.hosts = parse_allow(allow, setting)
+        self.what = what
         self._literals: dict[str, str | None] = {}  # host -> why_not, for hosts seen
 
     def why_not(self, ip: Address) -> str | None:
@@ -148,37 +165,43 @@ class Guard:
                 self._literals.clear()
             self._literals[host] = reason
         if reason is not None:
-            raise RefusedAddress(f"the callback address is {reason}")
+            raise RefusedAddress(f"the {self.what} address is {reason}")
 
     async def admit(self, url: str) -> None:
         """At creation: 400 unless every address the callback's host has is allowed."""
         host = urlsplit(url).hostname or ""
         try:
+            reason = await self.examine(host)
+        except (OSError, TimeoutError) as exc:
+            raise BadRequest(f"the callback host {host!r} does not resolve") from exc
+        if reason is not None:
+            raise BadRequest(f"{reason}: webhook callbacks may only reach public addresses")
+
+    async def examine(self, host: str) -> str | None:
+        """Why ``host`` may not be reached now (None: it may): an address literal the
+        guard refuses, or a name with an address it refuses. ``OSError`` or
+        ``TimeoutError`` when the name does not resolve within RESOLVE_TIMEOUT."""
+        try:
             self.check_literal(host)
         except RefusedAddress as exc:
-            raise BadRequest(f"{exc}: webhook callbacks may only reach public addresses") from exc
+            return str(exc)
         try:
             ipaddress.ip_address(host)
         except ValueError:
             pass
         else:
-            return
+            return None
         if self.host_allowed(host):
-            return
-        try:
-            async with asyncio.timeout(RESOLVE_TIMEOUT):
-                infos = await asyncio.get_running_loop().getaddrinfo(
-                    host, None, type=socket.SOCK_STREAM
-                )
-        except (OSError, TimeoutError) as exc:
-            raise BadRequest(f"the callback host {host!r} does not resolve") from exc
+            return None
+        async with asyncio.timeout(RESOLVE_TIMEOUT):
+            infos = await asyncio.get_running_loop().getaddrinfo(
+                host, None, type=socket.SOCK_STREAM
+            )
         for _, _, _, _, sockaddr in infos:
             reason = self.why_not(ipaddress.ip_address(sockaddr[0]))
             if reason is not None:
-                raise BadRequest(
-                    f"the callback host {host!r} resolves to a {reason} address: "
-                    "webhook callbacks may only reach public addresses"
-                )
+                return f"the {self.what} host {host!r} resolves to a {reason} address"
+        return None
 
 
 class GuardedResolver(AbstractResolver):
@@ -204,7 +227,8 @@ class GuardedResolver(AbstractResolver):
                 reasons.append(reason)
         if not kept:
             raise RefusedAddress(
-                f"the callback host resolves only to refused addresses ({', '.join(reasons)})"
+                f"the {self._guard.what} host resolves only to refused addresses "
+                f"({', '.join(reasons)})"
             )
         return kept
 
