@@ -236,6 +236,8 @@ class Config:
     bridges: tuple[BridgeConfig, ...] = ()  # [[bridges]]: AMQP, ZeroMQ, federation links
     # the name federation links give this gateway; "": made once and kept by the engine
     gateway_id: str = ""
+    # CIDRs and host names federation links made at run time may reach despite the guard
+    federation_allow: str = ""
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
@@ -350,6 +352,7 @@ class Config:
         try:
             parse_trusted(self.trusted_proxies)
             parse_allow(split_allow(self.webhook_allow))
+            parse_allow(split_allow(self.federation_allow), "federation_allow")
             object.__setattr__(self, "hosts", Hosts(self.public_url, self.allowed_hosts, self.host))
             cors = make_cors(
                 self.cors_origins,
@@ -502,7 +505,7 @@ def _coerce(key: str, value: Any, source: str) -> Any:
             return int(value)
         if kind == "float":
             return float(value)
-        if isinstance(value, list):  # a TOML array of strings (webhook_allow)
+        if isinstance(value, list):  # a TOML array of strings (webhook_allow, ...)
             return " ".join(str(item) for item in value)
         return str(value)
     except (TypeError, ValueError) as exc:
