@@ -125,7 +125,11 @@ class FederationLink(PipeSide, PublishSide[int]):
         if connect is None:
             raise RuntimeError("federation links need the gateway's HTTP client (Host.connect)")
         self._remote = connect(
-            self._auth(), timeout=c.timeout, tls_ca=c.tls_ca, tls_verify=c.tls_verify
+            self._auth(),
+            timeout=c.timeout,
+            tls_ca=c.tls_ca,
+            tls_verify=c.tls_verify,
+            guarded=not self.configured,  # a run-time link: public addresses only
         )
         self.health.state.move("connecting")
         if c.direction == "out":
@@ -175,7 +179,9 @@ class FederationLink(PipeSide, PublishSide[int]):
         key = PIPE_SETTING.format(name=self.name)
         pipe = await self._engine.setting(key)
         if pipe and self._host.connect is not None:
-            remote = self._host.connect(self._auth(), timeout=min(self.config.timeout, 5.0))
+            remote = self._host.connect(
+                self._auth(), timeout=min(self.config.timeout, 5.0), guarded=not self.configured
+            )
             try:
                 await remote.delete_pipe(pipe)
             except RemoteError as exc:

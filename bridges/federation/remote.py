@@ -117,8 +117,17 @@ class Remote(Protocol):
 
 
 class Connect(Protocol):
-    """Makes the :class:`Remote` of one link."""
+    """Makes the :class:`Remote` of one link. ``guarded`` (a link made at run time):
+    the remote may only be at an address the gateway's guard allows (public ones, and
+    those its configuration names; docs/FEDERATION.md, "Security"); a link of the
+    configuration file is the operator's and reaches any address."""
 
     def __call__(
-        self, auth: Auth, *, timeout: float, tls_ca: str = "", tls_verify: bool = True
+        self,
+        auth: Auth,
+        *,
+        timeout: float,
+        tls_ca: str = "",
+        tls_verify: bool = True,
+        guarded: bool = True,
     ) -> Remote: ...

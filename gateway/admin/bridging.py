@@ -13,6 +13,11 @@ Admin resource (JSON, ``restms:admin`` over the bridge's feed; docs/AMQP.md)::
 On a cluster every node serves all four for every run-time bridge, whichever node
 runs it (the definitions are shared through the engine: bridges/registry.py).
 
+A federation link made here may reach only public addresses, or those
+``federation_allow`` names (the SSRF guard of gateway/webhooks/guard.py), checked at
+every connection it makes (gateway/federation/client.py). Links of the configuration
+file are the operator's: no guard.
+
 And, public, the gateway's id that federation links name it by (docs/FEDERATION.md)::
 
     GET    /.well-known/restms-gateway  {"gateway_id": "..."}
@@ -21,7 +26,6 @@ And, public, the gateway's id that federation links name it by (docs/FEDERATION.
 from __future__ import annotations
 
 import asyncio
-import functools
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,14 +36,17 @@ from auth import Principal
 from bridges.base import Host
 from bridges.common import OWNER_PREFIX
 from bridges.config import BridgeConfig, parse
+from bridges.federation.remote import Auth, Remote
 from bridges.registry import EngineKept, FileKept, Kept, Registry
 from feeds.service import DEFAULT_DOMAIN, EngineService
 from gateway.auth.authn import PRINCIPAL
 from gateway.federation.client import HttpRemote
 from gateway.restms import http
 from gateway.server import tracing
+from gateway.server.config import Config
 from gateway.server.keys import CONFIG, SERVICE
 from gateway.server.state import STATE
+from gateway.webhooks.guard import Guard, split_allow
 from restms.errors import (
     BadRequest,
     Conflict,
@@ -66,18 +73,43 @@ def keep_bridge_pipe(owner: str) -> None:
         )
 
 
+def remote_guard(config: Config) -> Guard:
+    """The guard of federation links made at run time (module docstring)."""
+    allow = split_allow(config.federation_allow)
+    return Guard(allow, what="remote", setting="federation_allow")
+
+
 def make_host(app: web.Application) -> Host:
     """What the bridges get: the app's engine service, and the system feed."""
     service, config = app[SERVICE], app[CONFIG]
     events = service.events
     tracer = tracing.tracer(config)  # None unless tracing is on (docs/TRACING.md)
+    guard = remote_guard(config)  # one for every run-time link: it remembers literals
+
+    def connect(
+        auth: Auth,
+        *,
+        timeout: float,
+        tls_ca: str = "",
+        tls_verify: bool = True,
+        guarded: bool = True,
+    ) -> Remote:
+        return HttpRemote(
+            auth,
+            timeout=timeout,
+            tls_ca=tls_ca,
+            tls_verify=tls_verify,
+            tracer=tracer,
+            guard=guard if guarded else None,
+        )
+
     return Host(
         engine=service,
         notify=events.bridge if events is not None else None,
         system_feed=events.name if events is not None else None,
         max_pipe_messages=config.max_pipe_messages,
         max_pipe_bytes=config.max_pipe_bytes,
-        connect=functools.partial(HttpRemote, tracer=tracer),
+        connect=connect,
         dead_letter_feed=config.dead_letter_feed,
         tracer=tracer,
     )

@@ -13,6 +13,15 @@ bounded twice: connecting by ``timeout`` seconds (aiohttp), the whole exchange b
 head arrives and ``timeout`` more for its body. No reply body is read past
 ``max_body`` bytes: a larger one is :class:`Unavailable`, never a crash.
 
+**The guard.** A link made at run time gets a :class:`~gateway.webhooks.guard.Guard`
+(``federation_allow``; docs/FEDERATION.md, "Security"): its session resolves names
+through :class:`~gateway.webhooks.guard.GuardedResolver`, which keeps only the
+addresses the guard allows at each new connection (a name that later resolves to a
+private address, DNS rebinding, is refused), and checks an address literal, which
+aiohttp never resolves, as each request starts. Either refusal is
+:class:`Unavailable` naming why: the link retries, in case the configuration changes.
+A link of the configuration file has no guard.
+
 **Credentials.** A fixed bearer token, or OAuth 2.0 client credentials at the
 remote's token endpoint (docs/AUTH.md §2: a form POST, the client authenticated with
 HTTP Basic, ``client_secret_basic``, id and secret form-encoded first as RFC 6749
@@ -62,6 +71,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from bridges import tracing
 from bridges.checks import NAME, redact
 from bridges.federation.remote import Auth, PipeGone, Unavailable
+from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
 from restms import specs
 from restms.document import Document, Element
 from restms.errors import BadRequest, RestMSError
@@ -107,6 +117,7 @@ class HttpRemote:
         tls_verify: bool = True,
         max_body: int = 8 << 20,
         tracer: Tracer | None = None,
+        guard: Guard | None = None,
     ) -> None:
         if not timeout > 0 or max_body < 1:
             raise ValueError("timeout and max_body must be positive")
@@ -116,6 +127,7 @@ class HttpRemote:
         self._tls_verify = tls_verify
         self._max_body = max_body
         self._tracer = tracer  # None: tracing is off (docs/TRACING.md)
+        self._guard = guard  # None: any address (a link of the configuration file)
         self._session: aiohttp.ClientSession | None = None
         self._opening = asyncio.Lock()
         self._closed = False
@@ -536,6 +548,8 @@ class HttpRemote:
             if wait is not None:
                 return None
             raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
+        except RefusedAddress as exc:  # an address literal the guard refuses (_open)
+            raise Unavailable(f"{where}: cannot connect ({exc})") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
             raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
 
@@ -569,14 +583,34 @@ class HttpRemote:
                         )
                     except (OSError, ssl.SSLError) as exc:
                         raise Unavailable(f"cannot load tls_ca {self._tls_ca}: {exc}") from exc
+                resolver: aiohttp.abc.AbstractResolver | None = None
+                traces: list[aiohttp.TraceConfig] = []
+                if self._guard is not None:  # a run-time link (module docstring)
+                    resolver = GuardedResolver(self._guard, aiohttp.ThreadedResolver())
+                    traces.append(_literal_check(self._guard))
                 self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(ssl=context),
+                    connector=aiohttp.TCPConnector(ssl=context, resolver=resolver),
                     cookie_jar=aiohttp.DummyCookieJar(),
                     trust_env=False,
                     timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout),
                     headers={"User-Agent": USER_AGENT},
+                    trace_configs=traces,
                 )
             return self._session
+
+
+def _literal_check(guard: Guard) -> aiohttp.TraceConfig:
+    """Checks each request's host when it is an address literal (RefusedAddress):
+    aiohttp connects to a literal without asking the resolver."""
+
+    async def check(
+        session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestStartParams
+    ) -> None:
+        guard.check_literal(params.url.host or "")
+
+    traces = aiohttp.TraceConfig()
+    traces.on_request_start.append(check)
+    return traces
 
 
 # ---------------------------------------------------------------- values

@@ -487,8 +487,9 @@ async def test_a_federation_link_from_a_toml_file(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     """docs/FEDERATION.md: a link is added, shown and deleted like any bridge; here one
-    that pushes the gateway's orders to a gateway nobody runs (it waits, retrying)."""
-    live = await start(make_gateway)
+    that pushes the gateway's orders to a gateway nobody runs (it waits, retrying), on
+    loopback, which a link made at run time reaches only with federation_allow."""
+    live = await start(make_gateway, federation_allow="127.0.0.0/8")
     definition = tmp_path / "link.toml"
     await asyncio.to_thread(
         definition.write_text,

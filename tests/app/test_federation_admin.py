@@ -24,6 +24,9 @@ from tests.integration.gw import new_pipe, publish, take, until
 pytestmark = pytest.mark.timeout(60)
 
 FEEDS = (FeedConfig(name="news", type="topic"),)
+# The remotes here are gateways on loopback, which a link made at run time may reach
+# only when federation_allow says so (docs/FEDERATION.md, "Security").
+LOOPBACK = "127.0.0.0/8"
 
 
 def definition(remote: Gateway, **more: Any) -> dict[str, Any]:
@@ -60,6 +63,7 @@ async def test_a_link_made_at_run_time_runs_reports_and_is_deleted(
         data_dir=str(tmp_path / "a"),
         guest_scopes="restms:admin",
         metrics_access="loopback",
+        federation_allow=LOOPBACK,
     )
     watcher = await Watcher.start(a, "bridge.federation.*")
     credentials = {
@@ -106,7 +110,12 @@ async def test_deleting_a_pull_link_deletes_its_pipe_on_the_remote(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     b = await make_gateway(feeds=FEEDS, data_dir=str(tmp_path / "b"))
-    a = await make_gateway(feeds=FEEDS, data_dir=str(tmp_path / "a"), guest_scopes="restms:admin")
+    a = await make_gateway(
+        feeds=FEEDS,
+        data_dir=str(tmp_path / "a"),
+        guest_scopes="restms:admin",
+        federation_allow=LOOPBACK,
+    )
     pull = {**definition(b), "name": "from-b", "direction": "in"}
     async with a.http.post("/admin/bridges", json=pull) as r:
         assert r.status == 201, await r.text()
@@ -126,7 +135,12 @@ async def test_deleting_a_pull_link_deletes_its_pipe_on_the_remote(
 async def test_bad_link_definitions_are_refused_with_the_reason(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
-    a = await make_gateway(feeds=FEEDS, data_dir=str(tmp_path / "a"), guest_scopes="restms:admin")
+    a = await make_gateway(
+        feeds=FEEDS,
+        data_dir=str(tmp_path / "a"),
+        guest_scopes="restms:admin",
+        federation_allow=LOOPBACK,
+    )
     bad = {**definition(a), "remote": "http://127.0.0.1:9/restms/pipe/x"}
     async with a.http.post("/admin/bridges", json=bad) as r:
         assert r.status == 400
