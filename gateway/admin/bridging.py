@@ -14,9 +14,13 @@ On a cluster every node serves all four for every run-time bridge, whichever nod
 runs it (the definitions are shared through the engine: bridges/registry.py).
 
 A federation link made here may reach only public addresses, or those
-``federation_allow`` names (the SSRF guard of gateway/webhooks/guard.py), checked at
-every connection it makes (gateway/federation/client.py). Links of the configuration
-file are the operator's: no guard.
+``federation_allow`` names (the SSRF guard of gateway/webhooks/guard.py): its
+``remote`` and ``token_url`` are checked when it is created (403 naming why, for an
+address literal the guard refuses or a name that resolves to one; a name that does not
+resolve yet is let through), and again at every connection it makes
+(gateway/federation/client.py), so a name that resolves elsewhere later, or a link kept
+from a run under another configuration, is still held to the guard. Links of the
+configuration file are the operator's: no guard.
 
 And, public, the gateway's id that federation links name it by (docs/FEDERATION.md)::
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import urllib.parse
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -36,6 +41,7 @@ from auth import Principal
 from bridges.base import Host
 from bridges.common import OWNER_PREFIX
 from bridges.config import BridgeConfig, parse
+from bridges.federation.config import FederationConfig
 from bridges.federation.remote import Auth, Remote
 from bridges.registry import EngineKept, FileKept, Kept, Registry
 from feeds.service import DEFAULT_DOMAIN, EngineService
@@ -50,6 +56,7 @@ from gateway.webhooks.guard import Guard, split_allow
 from restms.errors import (
     BadRequest,
     Conflict,
+    Forbidden,
     InsufficientScope,
     NotFound,
     ServiceUnavailable,
@@ -207,9 +214,31 @@ async def create_bridge(request: web.Request) -> web.Response:
     except ValueError as exc:
         raise BadRequest(str(exc)) from exc
     await _need_admin(request, config.feed)
+    if isinstance(config, FederationConfig):
+        await _admit_remote(request.app[CONFIG], config)
     bridge, created = await request.app[BRIDGES].create(config)
     location = f"{http.origin(request)}{BRIDGES_PATH}/{bridge.name}"
     return http.json_reply(bridge.status(), 201 if created else 200, location)
+
+
+async def _admit_remote(config: Config, link: FederationConfig) -> None:
+    """403 when the run-time link's ``remote`` or ``token_url`` is an address the guard
+    refuses, or a name that resolves to one (module docstring). After the admin check:
+    who may not make the link learns nothing of where names lead."""
+    guard = remote_guard(config)
+    for key in ("remote", "token_url"):
+        url = getattr(link, key)
+        if not url:
+            continue
+        try:
+            reason = await guard.examine(urllib.parse.urlsplit(url).hostname or "")
+        except (OSError, TimeoutError):
+            continue  # not resolvable yet: each connection is checked (client.py)
+        if reason is not None:
+            raise Forbidden(
+                f"bridge {link.name}: {key}: {reason}: a federation link made at run time "
+                "may reach only public addresses, or those federation_allow names"
+            )
 
 
 async def _visible_bridge(request: web.Request) -> BridgeConfig:
