@@ -1,7 +1,8 @@
 """The OpenAPI description is a contract: schemathesis against a live gateway.
 
 Decided behaviour under test (docs/API.md, "The contract test"): for every operation
-of ``GET /openapi.json``, as served by a real gateway on 127.0.0.1, requests that
+of ``GET /openapi.json``, as served by a real gateway on 127.0.0.1 (on the embedded
+engine, and on the cluster engine in a namespace of the project's cluster), requests that
 schemathesis generates from the description (valid ones and, for operations with
 something to break, invalid ones), made as an ``restms:admin`` client (bearer token),
 as the loopback guest (no credentials, and HTTP Basic ``guest``/``guest``) and with a
@@ -63,6 +64,8 @@ from schemathesis import checks as known_checks
 
 from auth.clients import Client, hash_secret
 from gateway.server.config import Config
+from tests import nodes
+from tests.cluster_state import redis_cluster
 from tests.conftest import serve
 
 # Generated requests per operation and generation mode (valid, invalid), without and
@@ -74,6 +77,7 @@ EXAMPLES_ON_RESOURCES = max(1, round(20 * SCALE))
 REQUEST_TIMEOUT = 10.0  # seconds a request may take (waits end after max_wait)
 BUDGET = 200.0 * SCALE  # seconds the run may take (about 40 on two idle cores); then it fails
 pytestmark = [pytest.mark.contract, pytest.mark.timeout(BUDGET + 100)]
+__all__ = ["redis_cluster"]  # a fixture
 CHECK_NAMES = (
     "status_code_conformance",
     "content_type_conformance",
@@ -111,13 +115,17 @@ LOOPBACK = "127.0.0.1"
 
 
 @contextlib.contextmanager
-def live_gateway(data_dir: Path, clients: tuple[Client, ...]) -> Iterator[str]:
-    """A gateway on 127.0.0.1 in a thread of its own (its own loop); yields its URL."""
+def live_gateway(data_dir: Path, clients: tuple[Client, ...], engine: str) -> Iterator[str]:
+    """A gateway on 127.0.0.1 in a thread of its own (its own loop), on ``engine``
+    (the cluster's in a namespace of its own, deleted after); yields its URL."""
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="contract-gateway", daemon=True)
     thread.start()
-
-    config = Config(port=0, data_dir=str(data_dir), clients=clients, **SETTINGS)
+    shared: dict[str, Any] = {}
+    if engine == "redis":
+        shared = {"engine": "redis", "redis_url": nodes.CLUSTER_URL}
+        shared["redis_namespace"] = nodes.namespace()
+    config = Config(port=0, data_dir=str(data_dir), clients=clients, **SETTINGS, **shared)
     try:
         _, runner, url = asyncio.run_coroutine_threadsafe(serve(config), loop).result(60)
         try:
@@ -128,6 +136,8 @@ def live_gateway(data_dir: Path, clients: tuple[Client, ...]) -> Iterator[str]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+        if shared:
+            asyncio.run(nodes.forget(shared["redis_namespace"]))
 
 
 def admin_token(url: str) -> str:
@@ -216,14 +226,19 @@ def foreign_hosts(value: Any) -> list[str]:
     return []
 
 
-def test_every_operation_answers_as_described(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["embedded", "redis"])
+def test_every_operation_answers_as_described(
+    engine: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    if engine == "redis":
+        request.getfixturevalue("redis_cluster")  # the project's cluster, brought up
     run_seed = int(os.environ.get("CONTRACT_SEED") or random.randrange(2**32))
     secret_hash = hash_secret(SECRET)
     clients = (Client(client_id="admin", secret_hash=secret_hash, scopes=(ADMIN,)),)
     checks = [getattr(known_checks, name) for name in CHECK_NAMES]
     failures: list[str] = []
     started = time.monotonic()
-    with blockbuster_ctx(), live_gateway(tmp_path / "var", clients) as url:
+    with blockbuster_ctx(), live_gateway(tmp_path / "var", clients, engine) as url:
         callers = {
             "admin": {"Authorization": f"Bearer {admin_token(url)}"},
             "guest": {},
