@@ -22,6 +22,7 @@ from typing import Any
 from auth import GUEST, User, cluster
 from auth.clients import Client
 from bridges.checks import NAME as BRIDGE_NAME
+from bridges.checks import redact
 from bridges.config import BridgeConfig
 from bridges.config import parse as parse_bridge
 from feeds.service import DEFAULT_DOMAIN, EngineConfig, FeedConfig
@@ -441,6 +442,11 @@ class Config:
             )
         if self.workers > 1 and self.port == 0:
             raise ConfigError("workers above 1 need a fixed port: with port 0 each picks its own")
+
+    def shared_at(self) -> str:
+        """Where the state nodes share is, for a message: the cluster's seed URLs
+        without their password for the "redis" engine, "" for the embedded one."""
+        return redact(self.redis_url) if self.engine == "redis" else ""
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(

@@ -22,7 +22,6 @@ from aiohttp import web
 
 from auth import is_loopback
 from auth.cluster import SharedStateError
-from bridges.checks import redact
 from feeds.service import EngineService
 from gateway.server import tracing
 from gateway.server.app import begin_shutdown, build_app
@@ -133,8 +132,8 @@ async def _serve(
         # A cluster not up, or one that cannot keep a write (no replica): say so, no
         # traceback.
         if isinstance(exc, SharedStateError | ServiceUnavailable):
-            where = f" at {redact(config.redis_url)}" if config.engine == "redis" else ""
-            raise SystemExit(f"cannot start: {exc}{where}") from exc
+            where = config.shared_at()
+            raise SystemExit(f"cannot start: {exc}{' at ' + where if where else ''}") from exc
         raise
     gc.collect()
     gc.freeze()
