@@ -1,6 +1,8 @@
 """Publishing on the Redis engine: route on this engine (the cached catalogue), then
-one function call per bucket of target pipes places the copies; rotator and service
-feeds hand each message to one pipe in turn or queue it (a list in the feed's slot).
+one function call per bucket of target pipes places the copies (:mod:`.placing`);
+rotator and service feeds hand each message to one pipe in turn or queue it (a list
+in the feed's slot). Here too: dead letters, the room a publish would find
+(:func:`room`) and the system events (:func:`announce`).
 
 A publish is all or nothing as far as the cluster lets it be: everything that can
 refuse it (a missing or foreign staged content, a full "reject" pipe, a full feed
@@ -22,12 +24,11 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from restms.errors import (
     Forbidden,
     NotFound,
-    PayloadTooLarge,
     RestMSError,
     ServiceUnavailable,
 )
@@ -39,26 +40,18 @@ from ..model import message_size
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, dumps, loads, message_spec, persistent, stamp_in
-from . import claims, mirror, settling
+from . import claims, mirror, placing, settling
 from .catalogue import FeedRec, PipeRec, bucket
-from .link import FUNCTIONS, Unconfirmed
+from .link import FUNCTIONS
 from .mirror import Copy, Held
-from .values import Settings, encode_message
+from .placing import Item, Refused
+from .placing import withdraw as _withdraw  # noqa: F401  (tests/engine take it from here)
+from .values import encode_message
 
 if TYPE_CHECKING:
     from .service import RedisEngine
 
 log = logging.getLogger(__name__)
-Item = tuple[MessageSpec, bytes, int, bool]  # spec, record, size, persistent
-
-
-class _Refused(ServiceUnavailable):
-    """The whole publish is refused for room (a full "reject" pipe; a full feed queue,
-    ``publisher``: the publisher's principal is in the mirror's events)."""
-
-    def __init__(self, reason: str, *, publisher: bool) -> None:
-        super().__init__(reason, retry_after=1)
-        self.publisher = publisher
 
 
 async def publish(
@@ -126,10 +119,12 @@ async def _publish(
             if engine._mirror is not None:
                 copies = {i: [(p, True, 1)] for i, p in zip(routed, outs, strict=True) if p}
         else:
-            took, placements, committed, copies = await _fanout(engine, feed, items, routed, exact)
+            took, placements, committed, copies = await placing.fanout(
+                engine, feed, items, routed, exact
+            )
             queued = 0
     except BaseException as exc:
-        if isinstance(exc, _Refused) and engine._mirror is not None:
+        if isinstance(exc, Refused) and engine._mirror is not None:
             mirror.refused(engine, feed, messages, principal if exc.publisher else None)
         if isinstance(exc, settling.Unsettled):  # the ids stay claimed until it is settled
             fanout = feed.type not in QUEUEING_TYPES
@@ -196,226 +191,6 @@ async def _contents(
     return items, used
 
 
-async def _fanout(
-    engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int], exact: bool = False
-) -> tuple[dict[int, int], list[Placed], bool, dict[int, list[Copy]]]:
-    """Route ``items`` (those at ``routed``) to the joins they match: each message's
-    count, the positions placed, whether durably, and (the mirror on) each message's
-    pipes in the order of its joins, whether each took it, and its joins there."""
-    cache = engine.cache
-    targets: dict[str, list[int]] = {}  # pipe -> messages, in order
-    joined: dict[tuple[str, int], int] = defaultdict(int)  # (pipe, message) -> joins matched
-    order: dict[int, list[str]] | None = None if engine._mirror is None else {}
-    for index in routed:
-        spec = items[index][0]
-        headers = dict(spec.headers) if feed.type == "headers" else {}
-        for join in cache.matching(feed, spec.address, headers):
-            if joined[(join.pipe, index)] == 0:
-                targets.setdefault(join.pipe, []).append(index)
-                if order is not None:
-                    order.setdefault(index, []).append(join.pipe)
-            joined[(join.pipe, index)] += 1
-    pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
-    settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
-    await _check_reject(engine, settings, targets, items)
-    durable = any(items[i][3] for i in routed) or any(s.durable for s in settings.values())
-    positions = await _place(engine, pipes, targets, items, durable, exact, settings=settings)
-    took = dict.fromkeys(routed, 0)
-    placements: list[Placed] = []
-    for key, got in positions.items():
-        taken = [p for p in got if p]
-        if taken:
-            placements.append(Placed(pipe=key, first=min(taken), last=max(taken)))
-        for index, position in zip(targets[key], got, strict=True):
-            if position:
-                took[index] += joined[(key, index)]
-                engine.counters.routed += 1
-            else:
-                engine.counters.skipped_full += 1
-    copies: dict[int, list[Copy]] = {}
-    if order is not None:
-        at = {
-            (key, index): position
-            for key, got in positions.items()
-            for index, position in zip(targets[key], got, strict=True)
-        }
-        for index, keys in order.items():
-            copies[index] = [
-                (pipes[key], bool(at[(key, index)]), joined[(key, index)])
-                for key in keys
-                if (key, index) in at
-            ]
-    return took, placements, durable, copies
-
-
-async def _check_reject(
-    engine: RedisEngine,
-    pipes: dict[str, Settings],
-    targets: dict[str, list[int]],
-    items: list[Item],
-) -> None:
-    """Q2 "reject": a message larger than the pipe takes is 413; a pipe too full for
-    what comes is 503 for the whole publish, before anything is placed."""
-    asks: dict[str, list[Any]] = defaultdict(list)
-    for key, settings in pipes.items():
-        if settings.overflow != "reject":
-            continue
-        sizes = [items[i][2] for i in targets[key]]
-        if any(size > settings.max_bytes for size in sizes):
-            raise PayloadTooLarge("a message is larger than a pipe it goes to accepts")
-        stream, state, tag = engine.keys.pipe(key)
-        asks[tag].append((stream, state, settings.max_messages, settings.max_bytes, sizes))
-    for tag, pipes_here in asks.items():
-        keys: list[Any] = []
-        args: list[Any] = []
-        for stream, state, most, most_bytes, sizes in pipes_here:
-            keys += [stream, state]
-            args += [most, most_bytes, len(sizes), *sizes]
-        fits = await engine.link.call(tag, "FCALL", FUNCTIONS + "room", len(keys), *keys, *args)
-        if any(fit < len(ask[4]) for fit, ask in zip(fits, pipes_here, strict=True)):
-            engine.counters.rejected_full += 1
-            raise _Refused("a pipe this publish reaches is full; retry", publisher=False)
-
-
-async def _place(
-    engine: RedisEngine,
-    pipes: dict[str, PipeRec],
-    targets: dict[str, list[int]],
-    items: list[Item],
-    durable: bool,
-    exact: bool = False,
-    redelivered: int = 0,
-    settings: dict[str, Settings] | None = None,
-) -> dict[str, list[int]]:
-    """One call per bucket; each pipe's positions (0: skipped, full). ``redelivered``:
-    the redeliveries the messages had (a leased message handed over), set with them;
-    ``settings``: each pipe's, when the caller has them. A durable publish, or one
-    that must place its messages once (``exact``: message ids), marks each call
-    (:mod:`.settling`): should it fail, what it may have placed is taken back for sure,
-    in the background, and Unsettled raised at once."""
-    if settings is None:
-        settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
-    by_tag: dict[str, list[str]] = defaultdict(list)
-    for key in pipes:
-        by_tag[engine.keys.tag(bucket(key))].append(key)
-    now_ms = int(time.time() * 1000)
-    marked = durable or exact
-
-    async def one(
-        tag: str, here: list[str]
-    ) -> tuple[str, list[str], list[int] | None, Unconfirmed | None, list[Any] | None, str]:
-        keys: list[Any] = []
-        args: list[Any] = [tag, now_ms, engine.link.origin]
-        heads = False  # whether the call answers what drop-oldest pipes drop (the mirror's)
-        for key in here:
-            stream, state, _tag = engine.keys.pipe(key)
-            keys += [stream, state]
-            limits = settings[key]
-            args += [
-                limits.max_messages,
-                limits.max_bytes,
-                limits.overflow,
-                redelivered,
-                len(targets[key]),
-            ]
-            for index in targets[key]:
-                spec, record, size, _kept = items[index]
-                ttl = spec.prop("expiration")
-                expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
-                args += [size, expires, record]
-            heads = heads or (engine._mirror is not None and limits.overflow == "drop-oldest")
-        if heads:
-            args.append(1)
-        mark = f"{tag}:u:{next(engine.marks)}" if marked else ""
-        if mark:
-            keys.append(mark)
-        command = ("FCALL", FUNCTIONS + "place", len(keys), *keys, *args)
-        unsure: Unconfirmed | None = None
-        try:
-            reply = await engine.link.call(tag, *command, write=True, durable=durable)
-        except Unconfirmed as unconfirmed:  # perhaps placed, unconfirmed: taken back below
-            if unconfirmed.results is None:  # not even its answer came
-                return tag, here, None, unconfirmed, None, mark
-            unsure, reply = unconfirmed, unconfirmed.results[0]
-        removed: list[Any] | None = None
-        if heads:
-            *reply, removed = reply
-        return tag, here, [int(r) for r in reply], unsure, removed, mark
-
-    results: list[Any]
-    if len(by_tag) == 1:  # (most publishes: no gather, no task)
-        ((tag, here),) = by_tag.items()
-        try:
-            results = [await one(tag, here)]
-        except BaseException as exc:  # as gather's return_exceptions: taken back below
-            results = [exc]
-    else:
-        results = await asyncio.gather(
-            *(one(tag, here) for tag, here in by_tag.items()), return_exceptions=True
-        )
-    positions: dict[str, list[int]] = {}
-    failure: BaseException | None = None
-    calls: list[settling.Call] = []  # (marked) those that may have placed copies
-    for result in results:
-        if isinstance(result, BaseException):
-            failure = failure or result  # refused: that bucket's call placed nothing
-            continue
-        tag, here, reply, unconfirmed, removed, mark = result
-        failure = failure or unconfirmed
-        if mark:
-            calls.append(settling.Call(tag, mark, tuple(here)))
-        if reply is None:
-            continue
-        at = 0
-        for index, key in enumerate(here):
-            engine.counters.dropped_oldest += reply[at]
-            count = len(targets[key])
-            positions[key] = reply[at + 1 : at + 1 + count]
-            if reply[at] and removed is not None:  # (the mirror on)
-                mirror.dropped(engine, pipes[key], removed[index])
-            at += 1 + count
-    if failure is not None:
-        if calls and isinstance(failure, ServiceUnavailable):
-            raise settling.start(engine, failure, calls, targets) from failure
-        records = {key: [items[index][1] for index in targets[key]] for key in positions}
-        await _withdraw(engine, positions, records)
-        raise failure
-    for key in positions:
-        engine._wake(key)
-    return positions
-
-
-async def _withdraw(
-    engine: RedisEngine, positions: dict[str, list[int]], records: dict[str, list[bytes]]
-) -> None:
-    """Take back the copies a failed publish of non-persistent messages without ids
-    placed, as far as it knows them (best effort: the store failing; marked publishes
-    are settled instead). Each goes only if its position still holds its record: a
-    master that failed over may have issued that position again to another message,
-    which stays."""
-    for key, got in positions.items():
-        stream, state, tag = engine.keys.pipe(key)
-        for position, record in zip(got, records[key], strict=True):
-            if position:
-                try:
-                    taken = await engine.link.call(
-                        tag,
-                        "FCALL",
-                        FUNCTIONS + "take_out",
-                        2,
-                        stream,
-                        state,
-                        tag,
-                        position,
-                        "lost",  # a reader may have seen it: told as a gap
-                        record,
-                        write=True,
-                    )
-                    engine.counters.withdrawn += 1 if taken else 0
-                except ServiceUnavailable:
-                    return
-
-
 # ---------------------------------------------------------------- rotator and service feeds
 def _queue(engine: RedisEngine, feed: FeedRec) -> tuple[str, str]:
     tag = f"{{{engine.keys.ns}:f:{feed.key}}}"
@@ -455,7 +230,7 @@ async def _queueing(
                 for (spec, _record, size, _kept), pipe in zip(items, pipes, strict=True):
                     if pipe is not None:
                         mirror.copied(engine, feed, spec, size, [(pipe, True, 1)])
-            raise _Refused("the feed's queue is full; retry", publisher=True)
+            raise Refused("the feed's queue is full; retry", publisher=True)
         entries = [dumps([size, record.decode(), kept]) for _spec, record, size, kept in left]
         await engine.link.call(queue, "RPUSH", queue, *entries, write=True, durable=durable)
         engine.counters.queued += len(left)
@@ -476,7 +251,7 @@ async def _hand_out(
     for step in range(len(joins)):
         join = joins[(start + step) % len(joins)]
         pipe = engine.cache.pipes[join.pipe]
-        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable, exact)
+        got = await placing.place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], durable, exact)
         if got[pipe.key][0]:
             engine.counters.routed += 1
             return got[pipe.key][0], pipe
@@ -496,7 +271,7 @@ async def take_work(engine: RedisEngine, pipe: PipeRec) -> bool:
             continue
         size, record, kept = loads(head)
         item: Item = (message_spec(loads(record)), record.encode(), size, kept)
-        got = await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], kept)
+        got = await placing.place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], kept)
         if got[pipe.key][0]:
             engine.counters.routed += 1
             if engine._mirror is not None:
@@ -533,12 +308,12 @@ async def hand_over(
     item: Item = (spec, data, size, persistent(spec))
     for join in others:
         target = engine.cache.pipes[join.pipe]
-        got = await _place(
+        got = await placing.place(
             engine, {target.key: target}, {target.key: [0]}, [item], item[3], redelivered=times
         )
         if got[target.key][0]:
             return
-    await _place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
+    await placing.place(engine, {pipe.key: pipe}, {pipe.key: [0]}, [item], item[3])  # none: back
 
 
 async def drain(engine: RedisEngine, feed: FeedRec) -> None:
@@ -605,7 +380,7 @@ async def dead_letter(
             pipes = (await _queueing(engine, target, [item]))[3]
             copies = [(pipe, True, 1) for pipe in pipes if pipe is not None]
         else:
-            copies = (await _fanout(engine, target, [item], [0]))[3].get(0, [])
+            copies = (await placing.fanout(engine, target, [item], [0]))[3].get(0, [])
     except ServiceUnavailable:
         engine.counters.dead_discarded += 1
         if engine._mirror is not None:
@@ -693,7 +468,7 @@ async def announce(
     """Route one system event (non-persistent) to the system feed's joins."""
     record, size = encode_message(spec, parts, feed.name, now, next(engine.stamps))
     try:
-        copies = (await _fanout(engine, feed, [(spec, record, size, False)], [0]))[3]
+        copies = (await placing.fanout(engine, feed, [(spec, record, size, False)], [0]))[3]
     except ServiceUnavailable as exc:
         log.warning("a system event was lost: %s", exc.reason)
         return
