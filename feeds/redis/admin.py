@@ -56,7 +56,7 @@ async def census(engine: RedisEngine) -> Census:
             held_bytes += int(size or 0)
     queued = queued_bytes = 0
     if not engine._closed:
-        from .publishing import queued as queue_of
+        from .queueing import queued as queue_of
 
         for feed in list(engine.cache.feeds.values()):
             if feed.type in QUEUEING_TYPES:

@@ -85,7 +85,18 @@ from ..service import (
     WebhookAttempts,
 )
 from ..store import stamps
-from . import admin, claims, mirror, publishing, reading, resources, settling, upkeep, webhooks
+from . import (
+    admin,
+    claims,
+    mirror,
+    publishing,
+    queueing,
+    reading,
+    resources,
+    settling,
+    upkeep,
+    webhooks,
+)
 from . import settings as kept  # (not the pipes' Settings)
 from .catalogue import (
     Cache,
@@ -504,7 +515,7 @@ class RedisEngine:
         if feed.type not in QUEUEING_TYPES:
             return made
 
-        count, _size = await publishing.queued(self, feed)
+        count, _size = await queueing.queued(self, feed)
         return dataclasses.replace(made, queued=count)
 
     async def feeds(self, domain: str) -> tuple[FeedInfo, ...]:
@@ -621,7 +632,7 @@ class RedisEngine:
 
     async def _drain(self, feed: FeedRec) -> None:
 
-        await publishing.drain(self, feed)
+        await queueing.drain(self, feed)
 
     # ------------------------------------------------------------ reading
     async def _range(self, pipe: str, first: int, count: int, use: bool = True) -> list[Any]:
@@ -708,7 +719,7 @@ class RedisEngine:
                 if future is None or remaining <= 0:
                     return None
                 if found.type == "ondemand":  # its wait asks its feeds for work (P3)
-                    if reply[3] == 0 and await publishing.take_work(self, found):
+                    if reply[3] == 0 and await queueing.take_work(self, found):
                         continue
                     remaining = min(remaining, ONDEMAND_POLL)
                 await asyncio.wait({future}, timeout=remaining)

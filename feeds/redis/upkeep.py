@@ -18,7 +18,8 @@ from ..store import loads
 from . import mirror, resources
 from .catalogue import BUCKETS, bucket
 from .link import FUNCTIONS
-from .publishing import dead_letter, hand_over
+from .publishing import dead_letter
+from .queueing import hand_over
 
 if TYPE_CHECKING:
     from .service import Fields, RedisEngine
