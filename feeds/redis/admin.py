@@ -11,6 +11,7 @@ from restms.errors import ServiceUnavailable
 from ..config import LATENCY_BOUNDS
 from ..routing import QUEUEING_TYPES
 from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
+from . import waiting
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -108,7 +109,7 @@ async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> Pi
         info=info,
         on_disk=0,
         bytes=int(size or 0),
-        waiting=engine.waiting(key),
+        waiting=waiting.count(engine, key),
         pinned=any(c.pipe == key and c.ended is None for c in engine._cursors),
         webhook=None if info.webhook is None else info.webhook.state,
     )

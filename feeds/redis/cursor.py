@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from restms.errors import NotFound
 
 from ..service import Message
+from . import waiting
 from .catalogue import bucket
 
 if TYPE_CHECKING:
@@ -85,9 +86,9 @@ class RedisCursor:
         if self._ended is None and engine._closing:
             self._ended = "closing"
         if wait > 0 and self._ended is None:
-            await engine._listen(bucket(self.pipe))
+            await waiting.listen(engine, bucket(self.pipe))
         while self._ended is None:
-            future = engine._watch(self.pipe)
+            future = waiting.watch(engine, self.pipe)
             self._wake = future
             try:
                 if self.pipe not in engine.cache.pipes:
@@ -104,7 +105,7 @@ class RedisCursor:
                     self.end("closing")
             finally:
                 self._wake = None
-                engine._unwatch(self.pipe, future)
+                waiting.unwatch(engine, self.pipe, future)
         return ()
 
     async def _read(self, limit: int) -> tuple[Message, ...]:

@@ -16,7 +16,7 @@ from restms.errors import PayloadTooLarge, ServiceUnavailable
 from restms.specs import MessageSpec
 
 from ..service import Placed
-from . import mirror, settling
+from . import mirror, settling, waiting
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy
@@ -222,7 +222,7 @@ async def place(
         await withdraw(engine, positions, records)
         raise failure
     for key in positions:
-        engine._wake(key)
+        waiting.wake(engine, key)
     return positions
 
 

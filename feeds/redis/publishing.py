@@ -39,7 +39,7 @@ from ..model import Blob as HeldBlob
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, loads, message_spec, persistent, stamp_in
-from . import claims, mirror, placing, queueing, settling
+from . import claims, mirror, placing, queueing, settling, waiting
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS
 from .mirror import Copy, Held
@@ -262,9 +262,9 @@ async def room(
         remaining = deadline - time.monotonic()
         if fit or remaining <= 0 or not pipes:
             return fit
-        futures = [engine._watch(p) for p in pipes]
+        futures = [waiting.watch(engine, p) for p in pipes]
         for p in pipes:
-            await engine._listen(bucket(p))
+            await waiting.listen(engine, bucket(p))
         try:
             fit, _ = await _room_now(engine, feed, messages)
             if fit:
@@ -272,7 +272,7 @@ async def room(
             await asyncio.wait(futures, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for p, future in zip(pipes, futures, strict=True):
-                engine._unwatch(p, future)
+                waiting.unwatch(engine, p, future)
 
 
 async def _room_now(

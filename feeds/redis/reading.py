@@ -1,6 +1,6 @@
 """The Redis engine's calls that name a resource or a message by key: resolving a key,
 whether a position or content is there, evented waits (H9-H11), delivered contents
-(D2, D6) and dead letters; and the wake-ups a bucket's channel brings."""
+(D2, D6) and dead letters."""
 
 from __future__ import annotations
 
@@ -15,57 +15,20 @@ from ..service import (
     ContentRef,
     DomainInfo,
     FeedInfo,
-    Message,
     PipeInfo,
     Resource,
     Slot,
     Watched,
 )
-from . import mirror, publishing
+from . import mirror, publishing, waiting
 from .catalogue import bucket
 from .link import FUNCTIONS
-from .values import decode_message, first_position
+from .values import first_position
 
 if TYPE_CHECKING:
     from .service import RedisEngine
 
 HIDDEN = "no such resource"
-Carried = tuple[int, bytes, int]  # a message a wake-up carried: position, record, size
-
-
-def heard(engine: RedisEngine, data: bytes) -> None:
-    """A wake-up on a bucket's channel (library.lua, place and the other calls that
-    change pipes): the pipes it names, on one line, then the messages it carries, each
-    given to the waiters of its pipe. Those of this engine's own places are not taken:
-    the place wakes this engine's readers itself once its answer is in (and its
-    traffic events are out), as on one node before."""
-    names, _, rest = data.partition(b"\n")
-    carried: dict[str, Carried] = {}
-    origin, _, rest = rest.partition(b"\n")
-    if origin == engine.link.origin.encode():
-        rest = b""
-    while rest:
-        head, _, rest = rest.partition(b"\n")
-        key, position, size, length = head.split(b" ")
-        end = int(length)
-        carried[key.decode()] = (int(position), rest[:end], int(size))
-        rest = rest[end + 1 :]
-    for pipe in names.decode().split():
-        engine._wake(pipe, carried.get(pipe, True))
-
-
-def carried(pipe: str, position: int, future: asyncio.Future[Any]) -> Message | None:
-    """The message at ``position`` when the wake-up that ended a wait carried it: a
-    reader waiting for the next message is answered without reading the stream again.
-    It is the message as placed, which the wait saw come: a reader that read the
-    stream then would have had the same (a message carried has no expiry and no
-    redelivery; the deleted contents of a new message are none)."""
-    if not future.done() or future.cancelled():
-        return None
-    woken = future.result()
-    if type(woken) is not tuple or woken[0] != position:
-        return None
-    return decode_message(pipe, position, woken[1], woken[2], 0, b"")
 
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:
@@ -120,7 +83,7 @@ async def changed(
         engine._watching_catalogue.add(future)
         pipe = value.key if isinstance(value, PipeInfo) else None
         if pipe is not None:
-            await engine._listen(bucket(pipe))
+            await waiting.listen(engine, bucket(pipe))
             engine._waiters[pipe].add(future)
         try:
             current = await now(engine, principal, value)

@@ -16,7 +16,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
 from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
-from . import webhooks
+from . import waiting, webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
 
@@ -237,7 +237,7 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
     await engine._change(build)
     stream, state, tag = engine.keys.pipe(key)
     await engine.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
-    engine._wake(key)
+    waiting.wake(engine, key)
     if known is not None and known.type == "webhook":
         engine.owners.dropped(key)
     for cursor in list(engine._cursors):

@@ -23,7 +23,8 @@ model"):
   else it takes back what it placed and raises NotCommitted.
 * **Waiting** readers wait on a future per pipe; the engine listens on the channel of
   each bucket where it ever had a waiter (at most ``BUCKETS``) and wakes a pipe's
-  waiters when a change of that pipe is announced; they then look again.
+  waiters when a change of that pipe is announced; they then look again
+  (:mod:`.waiting`).
 * **Leases** are a sorted set per bucket, swept by one engine at a time (a lock taken
   inside the sweep function).
 """
@@ -37,8 +38,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
-
-from redis.exceptions import RedisError
 
 from restms.errors import (
     BadRequest,
@@ -95,6 +94,7 @@ from . import (
     resources,
     settling,
     upkeep,
+    waiting,
     webhooks,
 )
 from . import settings as kept  # (not the pipes' Settings)
@@ -108,7 +108,7 @@ from .catalogue import (
     bucket,
 )
 from .cursor import RedisCursor
-from .link import FUNCTIONS, Link, Subscriber, unavailable
+from .link import FUNCTIONS, Link, Subscriber
 from .owners import Owners
 from .values import (
     Figures,
@@ -305,7 +305,7 @@ class RedisEngine:
             if int(data or 0) > self.cache.version and not self._closing:
                 self._background(self._sync())
             return
-        reading.heard(self, data)
+        waiting.heard(self, data)
 
     def _background(self, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` beside the calls (reading news): tracked, ended by close, its
@@ -324,16 +324,9 @@ class RedisEngine:
     def _lost(self) -> None:
         """A wake-up may have been missed: every waiter looks again."""
         for pipe in list(self._waiters):
-            self._wake(pipe)
+            waiting.wake(self, pipe)
         if not self._closing:
             self._background(self._sync())
-
-    def _wake(self, pipe: str, woken: Any = True) -> None:
-        """``woken``: what the waiters' futures are given (a message the wake-up
-        carried: :func:`.reading.carried`)."""
-        for future in self._waiters.pop(pipe, ()):
-            if not future.done():
-                future.set_result(woken)
 
     async def _sync(self) -> None:
         """Read the catalogue's news since the version cached."""
@@ -366,7 +359,7 @@ class RedisEngine:
         the catalogue look again. In proportion to the change, not to the pipes known:
         a change costs the same at 100,000 pipes as at 100."""
         for pipe in gone | {name[2:] for name, _ in fields if name.startswith("p:")}:
-            self._wake(pipe)
+            waiting.wake(self, pipe)
         watching, self._watching_catalogue = self._watching_catalogue, set()
         for future in watching:
             if not future.done():
@@ -664,29 +657,6 @@ class RedisEngine:
         capped = len(held) > cap
         return Listing(messages=tuple(held[:cap]), asynclet=None if capped else reply[0])
 
-    async def _listen(self, index: int) -> None:
-        if index not in self._listening:
-            try:
-                await self._subscriber.subscribe(self.keys.tag(index))
-            except (RedisError, OSError) as exc:  # (its master gone, or moving): 503
-                raise unavailable(exc, write=False) from exc
-            self._listening.add(index)
-
-    def _watch(self, pipe: str) -> asyncio.Future[Any]:
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiters[pipe].add(future)
-        return future
-
-    def _unwatch(self, pipe: str, future: asyncio.Future[Any]) -> None:
-        waiters = self._waiters.get(pipe)
-        if waiters is not None:
-            waiters.discard(future)
-            if not waiters:
-                del self._waiters[pipe]
-
-    def waiting(self, pipe: str) -> int:
-        return len(self._waiters.get(pipe, ()))
-
     async def read(
         self,
         principal: str | None,
@@ -703,9 +673,9 @@ class RedisEngine:
         if wait > 0:
             if self._closing:
                 raise self._unavailable()
-            await self._listen(bucket(pipe))
+            await waiting.listen(self, bucket(pipe))
         while True:
-            future = self._watch(pipe) if wait > 0 else None
+            future = waiting.watch(self, pipe) if wait > 0 else None
             try:
                 reply = await self._range(pipe, position, 1)
                 if reply[0] != position:
@@ -727,14 +697,14 @@ class RedisEngine:
                     raise self._unavailable()
                 if pipe not in self.cache.pipes:
                     raise NotFound(HIDDEN)
-                woken = reading.carried(pipe, position, future)
+                woken = waiting.carried(pipe, position, future)
                 if woken is not None:
                     if lease:
                         await self._lease(found, woken)
                     return woken
             finally:
                 if future is not None:
-                    self._unwatch(pipe, future)
+                    waiting.unwatch(self, pipe, future)
 
     async def _lease(self, pipe: PipeRec, message: Message) -> None:
         """A delivery: unless acknowledged within the pipe's lease it comes back."""
@@ -782,7 +752,7 @@ class RedisEngine:
         else:
             removed = int(await self.link.call(tag, *command, write=True, durable=durable))
         self.counters.acknowledged += removed
-        self._wake(pipe)
+        waiting.wake(self, pipe)
         return removed
 
     async def content(self, principal: str | None, ref: ContentRef) -> Blob:

@@ -15,7 +15,7 @@ from restms.errors import ServiceUnavailable
 
 from ..routing import QUEUEING_TYPES
 from ..store import loads
-from . import mirror, resources
+from . import mirror, resources, waiting
 from .catalogue import BUCKETS, bucket
 from .link import FUNCTIONS
 from .publishing import dead_letter
@@ -81,7 +81,7 @@ async def sweep(engine: RedisEngine, index: int) -> None:
     for i in range(0, len(reply), 5):
         pipe, moved, data, times = reply[i].decode(), reply[i + 2], reply[i + 3], reply[i + 4]
         engine.counters.redelivered += 1
-        engine._wake(pipe)
+        waiting.wake(engine, pipe)
         found = engine.cache.pipes.get(pipe)
         if found is None:
             continue

@@ -19,7 +19,7 @@ from restms.webhook import WebhookOptions
 from ..service import Message, Webhook, WebhookAttempts
 from ..store import dumps, loads
 from ..webhook import Hook, apply_change
-from . import mirror
+from . import mirror, waiting
 from .catalogue import PipeRec
 from .link import FUNCTIONS
 from .values import webhook
@@ -121,7 +121,7 @@ async def _settle(
     if not taken:
         return None
     engine.counters.acknowledged += 1
-    engine._wake(pipe.key)
+    waiting.wake(engine, pipe.key)
     data: bytes = taken[0]
     return data
 
