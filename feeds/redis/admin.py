@@ -11,7 +11,7 @@ from restms.errors import ServiceUnavailable
 from ..config import LATENCY_BOUNDS
 from ..routing import QUEUEING_TYPES
 from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
-from . import waiting
+from . import syncing, waiting
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -101,7 +101,7 @@ async def pipe_states(engine: RedisEngine) -> tuple[PipeState, ...]:
 
 
 async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> PipeState:
-    found = await engine._pipe(principal, key)
+    found = await syncing.pipe(engine, principal, key)
     info = await engine._pipe_info(found, use=False)
     _stream, state, tag = engine.keys.pipe(key)
     size = await engine.link.call(tag, "HGET", state, "bytes")
@@ -116,7 +116,7 @@ async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> Pi
 
 
 async def purge(engine: RedisEngine, principal: str | None, pipe: str) -> int:
-    found = await engine._pipe(principal, pipe)
+    found = await syncing.pipe(engine, principal, pipe)
     reply = await engine._range(found.key, 0, 0, use=False)
     return await engine._ack(found.key, reply[0] - 1, use=False)
 

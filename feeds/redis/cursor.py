@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from restms.errors import NotFound
 
 from ..service import Message
-from . import waiting
+from . import syncing, waiting
 from .catalogue import bucket
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class RedisCursor:
     async def take(self, limit: int, *, wait: float = 0.0) -> tuple[Message, ...]:
         engine = self.engine
         if not self._checked:
-            pipe = await engine._pipe(self.principal, self.pipe)
+            pipe = await syncing.pipe(engine, self.principal, self.pipe)
             self._checked = True
             del pipe
         deadline = time.monotonic() + wait

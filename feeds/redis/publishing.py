@@ -39,7 +39,7 @@ from ..model import Blob as HeldBlob
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, loads, message_spec, persistent, stamp_in
-from . import claims, mirror, placing, queueing, settling, waiting
+from . import claims, mirror, placing, queueing, settling, syncing, waiting
 from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS
 from .mirror import Copy, Held
@@ -82,8 +82,8 @@ async def _publish(
     messages: Sequence[MessageSpec],
     via: str | None,
 ) -> PublishResult:
-    await engine._fresh()  # route with every join committed before this publish
-    feed = await engine._feed(principal, key)
+    await syncing.fresh(engine)  # route with every join committed before this publish
+    feed = await syncing.feed(engine, principal, key)
     now = time.time()
     items, used = await _contents(engine, principal, feed, messages, now)
     window = engine.config.dedup_window
@@ -146,8 +146,8 @@ async def _publish(
     done = [(mid, counts[i]) for i in routed if (mid := ids[i])]
     await claims.remember(engine, feed, done, window)
     if used:
-        await engine._change(
-            lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
+        await syncing.change(
+            engine, lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
         )
     if via is not None and engine._mirror is not None:
         mirror.bridged_in(engine, feed, messages, counts, principal, via)
@@ -173,7 +173,7 @@ async def _contents(
             if isinstance(content, LinkedContent):
                 where = split_path(content.path)
                 key = where[1] if where is not None and where[0] == "resource" else ""
-                staged = await engine._staged(principal, key) if key else None
+                staged = await syncing.staged(engine, principal, key) if key else None
                 if staged is None or key in used:
                     raise NotFound(f"no staged content at {content.path}")
                 if staged.feed != feed.key:
@@ -253,7 +253,7 @@ async def room(
     engine: RedisEngine, principal: str, key: str, messages: Sequence[MessageSpec], wait: float
 ) -> int:
     """How many leading messages every "skip" pipe they reach can hold together."""
-    feed = await engine._feed(principal, key)
+    feed = await syncing.feed(engine, principal, key)
     if feed.type in QUEUEING_TYPES:
         return len(messages)
     deadline = time.monotonic() + wait

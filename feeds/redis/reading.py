@@ -20,7 +20,7 @@ from ..service import (
     Slot,
     Watched,
 )
-from . import mirror, publishing, waiting
+from . import mirror, publishing, syncing, waiting
 from .catalogue import bucket
 from .link import FUNCTIONS
 from .values import first_position
@@ -33,7 +33,7 @@ HIDDEN = "no such resource"
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:
     cache = engine.cache
-    await engine._fresh()  # made or deleted through another node a moment ago?
+    await syncing.fresh(engine)  # made or deleted through another node a moment ago?
     feed = cache.feeds.get(key)
     if feed is not None and feed.name is None:
         if principal is not None and feed.owner != principal:
@@ -48,7 +48,7 @@ async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resou
     pipe_key, dot, rest = key.partition(".")
     found = cache.pipes.get(pipe_key) if dot else None
     if found is not None:
-        pipe = await engine._pipe(principal, pipe_key)
+        pipe = await syncing.pipe(engine, principal, pipe_key)
         seq, dot, index = rest.partition(".")
         if seq.isdigit() and (not dot or index.isdigit()):
             if dot:
@@ -60,7 +60,7 @@ async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resou
 
 
 async def exists(engine: RedisEngine, principal: str | None, at: Slot | ContentRef) -> bool:
-    pipe = await engine._pipe(principal, at.pipe)
+    pipe = await syncing.pipe(engine, principal, at.pipe)
     if isinstance(at, Slot):
         reply = await engine._range(pipe.key, at.position, 1)
         return reply[0] == at.position or first_position(reply) == at.position
@@ -120,7 +120,7 @@ async def content(engine: RedisEngine, principal: str | None, ref: ContentRef) -
 
 
 async def delete_content(engine: RedisEngine, principal: str | None, ref: ContentRef) -> None:
-    await engine._pipe(principal, ref.pipe)
+    await syncing.pipe(engine, principal, ref.pipe)
     stream, state, tag = engine.keys.pipe(ref.pipe)
     await engine.link.call(
         tag,
@@ -146,7 +146,7 @@ async def dead_letter(
     headers: tuple[tuple[str, str], ...] = (),
 ) -> bool:
 
-    found = await engine._pipe(principal, pipe)
+    found = await syncing.pipe(engine, principal, pipe)
     stream, state, tag = engine.keys.pipe(found.key)
     taken = await engine.link.call(
         tag, "FCALL", FUNCTIONS + "take_out", 2, stream, state, tag, position, "lost", write=True

@@ -16,12 +16,13 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
 from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
-from . import waiting, webhooks
+from . import syncing, waiting, webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
 
 if TYPE_CHECKING:
-    from .service import Fields, RedisEngine
+    from .service import RedisEngine
+    from .syncing import Fields
 
 HIDDEN = "no such resource"
 
@@ -59,15 +60,15 @@ async def create_feed(
         return fields, (key, True)
 
     if spec.name is not None:
-        await engine._fresh()
-    made, created = await engine._change(build)
+        await syncing.fresh(engine)
+    made, created = await syncing.change(engine, build)
     return engine._feed_info(engine.cache.feeds[made]), created
 
 
 async def update_feed(
     engine: RedisEngine, principal: str | None, key: str, update: Update
 ) -> FeedInfo:
-    await engine._feed(principal, key)
+    await syncing.feed(engine, principal, key)
 
     def build() -> tuple[Fields, None]:
         feed = _changeable(engine, principal, key, "changed")
@@ -83,18 +84,18 @@ async def update_feed(
         )
         return [(field_of(made), encode(made))], None
 
-    await engine._change(build)
+    await syncing.change(engine, build)
     return engine._feed_info(engine.cache.feeds[key])
 
 
 async def delete_feed(engine: RedisEngine, principal: str | None, key: str) -> None:
-    await engine._feed(principal, key)
+    await syncing.feed(engine, principal, key)
 
     def build() -> tuple[Fields, None]:
         feed = _changeable(engine, principal, key, "deleted")
         return feed_gone(engine, feed, time.time()), None
 
-    await engine._change(build)
+    await syncing.change(engine, build)
 
 
 def _changeable(engine: RedisEngine, principal: str | None, key: str, done: str) -> FeedRec:
@@ -142,7 +143,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
         if asked is not None and asked > most:
             raise BadRequest(f"pipe {name} may be at most {most}, not {asked}")
     if options.dead_letter:
-        await engine._fresh()
+        await syncing.fresh(engine)
         try:
             engine.cache.feed_at(options.dead_letter)
         except BadRequest:
@@ -182,7 +183,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
             modified=now,
         )
         fields.append((field_of(default), encode(default)))
-    await engine._change(lambda: (fields, None))
+    await syncing.change(engine, lambda: (fields, None))
     made = engine.cache.pipes[key]
     if made.type == "webhook":
         await engine.owners.claim(key)
@@ -192,7 +193,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
 async def update_pipe(
     engine: RedisEngine, principal: str | None, key: str, update: Update
 ) -> PipeInfo:
-    found = await engine._pipe(principal, key)
+    found = await syncing.pipe(engine, principal, key)
     if update.type is not None and update.type not in ("", found.type, "fifo"):
         raise Forbidden("a pipe's type cannot be changed")
     options = found.options
@@ -206,14 +207,14 @@ async def update_pipe(
         made = replace(pipe, title=update.title or None, options=options, modified=time.time())
         return [(field_of(made), encode(made))], None
 
-    await engine._change(build)
+    await syncing.change(engine, build)
     if update.webhook is not None:
         await engine.owners.changed(key)
     return await engine.pipe(principal, key)
 
 
 async def delete_pipe(engine: RedisEngine, principal: str | None, key: str) -> None:
-    await engine._pipe(principal, key)
+    await syncing.pipe(engine, principal, key)
     await drop_pipe(engine, key)
 
 
@@ -234,7 +235,7 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
                 fields += feed_gone(engine, feed, now)
         return fields, None
 
-    await engine._change(build)
+    await syncing.change(engine, build)
     stream, state, tag = engine.keys.pipe(key)
     await engine.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
     waiting.wake(engine, key)
@@ -248,8 +249,8 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
 async def create_join(
     engine: RedisEngine, principal: str | None, pipe: str, spec: JoinSpec
 ) -> tuple[JoinInfo, bool]:
-    await engine._pipe(principal, pipe)
-    await engine._fresh()
+    await syncing.pipe(engine, principal, pipe)
+    await syncing.fresh(engine)
     key = names.new_hash()
 
     def build() -> tuple[Fields, tuple[str, bool]]:
@@ -286,7 +287,7 @@ async def create_join(
         fields += pipes_touched(engine, {pipe}, now)
         return fields, (key, True)
 
-    made, created = await engine._change(build)
+    made, created = await syncing.change(engine, build)
     join = engine.cache.joins[made]
     if created:
         feed = engine.cache.feeds.get(join.feed)
@@ -296,7 +297,7 @@ async def create_join(
 
 
 async def delete_join(engine: RedisEngine, principal: str | None, key: str) -> None:
-    await engine._join(principal, key)
+    await syncing.join(engine, principal, key)
 
     def build() -> tuple[Fields, None]:
         join = engine.cache.joins.get(key)
@@ -317,13 +318,13 @@ async def delete_join(engine: RedisEngine, principal: str | None, key: str) -> N
             fields += feed_gone(engine, feed, now)
         return fields, None
 
-    await engine._change(build)
+    await syncing.change(engine, build)
 
 
 async def stage(
     engine: RedisEngine, principal: str, feed: str, data: bytes, content_type: str
 ) -> StagedInfo:
-    target = await engine._feed(principal, feed)
+    target = await syncing.feed(engine, principal, feed)
     key = names.new_hash()
     now = time.time()
     ttl = engine.config.staged_ttl
@@ -339,13 +340,13 @@ async def stage(
         modified=now,
         expires=now + ttl,
     )
-    await engine._change(lambda: ([(field_of(made), encode(made))], None))
+    await syncing.change(engine, lambda: ([(field_of(made), encode(made))], None))
     engine.counters.staged += 1
     return staged_info(made, target.name is not None, target.domain)
 
 
 async def staged(engine: RedisEngine, principal: str | None, key: str) -> tuple[StagedInfo, Blob]:
-    found = await engine._staged(principal, key)
+    found = await syncing.staged(engine, principal, key)
     data = await engine.link.call(engine.keys.cat, "GET", engine.keys.staged(key))
     if data is None:
         raise NotFound(HIDDEN)
@@ -355,6 +356,6 @@ async def staged(engine: RedisEngine, principal: str | None, key: str) -> tuple[
 
 
 async def delete_staged(engine: RedisEngine, principal: str | None, key: str) -> None:
-    await engine._staged(principal, key)
-    await engine._change(lambda: ([(f"s:{key}", None)], None))
+    await syncing.staged(engine, principal, key)
+    await syncing.change(engine, lambda: ([(f"s:{key}", None)], None))
     await engine.link.call(engine.keys.cat, "UNLINK", engine.keys.staged(key), write=True)

@@ -11,7 +11,7 @@ model"):
   catalogue's sharded channel; every engine caches it as its routing table, reads the
   news when announced, and looks again on a miss (a key another engine made a moment
   ago) and before each publish (a cheap version check), so a publish routes with every
-  join committed before it.
+  join committed before it (:mod:`.syncing`).
 * A **pipe** is a stream whose entry ids are the RestMS positions, beside a small
   hash (the last position issued, bytes held, redeliveries, deleted contents), in the
   slot of its bucket; each operation on it is one function call of
@@ -36,8 +36,8 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from restms.errors import (
     BadRequest,
@@ -93,6 +93,7 @@ from . import (
     reading,
     resources,
     settling,
+    syncing,
     upkeep,
     waiting,
     webhooks,
@@ -104,12 +105,12 @@ from .catalogue import (
     JoinRec,
     Keys,
     PipeRec,
-    StagedRec,
     bucket,
 )
 from .cursor import RedisCursor
 from .link import FUNCTIONS, Link, Subscriber
 from .owners import Owners
+from .syncing import HIDDEN
 from .values import (
     Figures,
     Settings,
@@ -122,7 +123,6 @@ from .values import (
 )
 
 log = logging.getLogger(__name__)
-HIDDEN = "no such resource"
 CLOSE_WAIT = 5.0  # seconds each step of closing may take
 # How often a waiting read of an ondemand pipe asks its feeds' queues again: a queue
 # announces nothing when a message joins it.
@@ -131,8 +131,6 @@ URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
 # Positions come from HINCRBY (a signed 64-bit counter): past it, none was ever issued,
 # and a stream refuses such an id.
 MAX_POSITION = 2**63 - 1
-T = TypeVar("T")
-Fields = list[tuple[str, bytes | None]]
 
 
 class RedisEngine:
@@ -156,7 +154,11 @@ class RedisEngine:
         self.latency = Latency()
         self.stamps = stamps()  # the origin stamps of the messages this node publishes
         self._sweep_interval = sweep_interval
-        self._subscriber = Subscriber(self.link, self._heard, self._lost)
+        self._subscriber = Subscriber(
+            self.link,
+            lambda channel, data: syncing.heard(self, channel, data),
+            lambda: syncing.lost(self),
+        )
         self._waiters: dict[str, set[asyncio.Future[Any]]] = defaultdict(set)
         self._watching_catalogue: set[asyncio.Future[bool]] = set()
         self._listening: set[int] = set()
@@ -205,7 +207,7 @@ class RedisEngine:
     async def start(self) -> None:
         await self.link.start()
         await self._subscriber.subscribe(self.keys.cat)
-        await self._sync()
+        await syncing.sync(self)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(upkeep.sweeper(self), name="redis-engine-sweeper"))
         self._tasks.append(loop.create_task(self.owners.run(), name="redis-engine-owners"))
@@ -299,156 +301,6 @@ class RedisEngine:
     def _unavailable(self) -> ServiceUnavailable:
         return ServiceUnavailable("the gateway is shutting down", retry_after=1)
 
-    # ------------------------------------------------------------ the catalogue
-    def _heard(self, channel: str, data: bytes) -> None:
-        if channel == self.keys.cat:
-            if int(data or 0) > self.cache.version and not self._closing:
-                self._background(self._sync())
-            return
-        waiting.heard(self, data)
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` beside the calls (reading news): tracked, ended by close, its
-        failure logged (the next call looks again)."""
-
-        async def run() -> None:
-            try:
-                await work
-            except ServiceUnavailable as exc:
-                log.warning("reading the catalogue's news failed: %s", exc.reason)
-
-        task = asyncio.get_running_loop().create_task(run())
-        self._announcing.add(task)
-        task.add_done_callback(self._announcing.discard)
-
-    def _lost(self) -> None:
-        """A wake-up may have been missed: every waiter looks again."""
-        for pipe in list(self._waiters):
-            waiting.wake(self, pipe)
-        if not self._closing:
-            self._background(self._sync())
-
-    async def _sync(self) -> None:
-        """Read the catalogue's news since the version cached."""
-        async with self._syncing:
-            keys = self.keys
-            reply = await self.link.call(
-                keys.cat,
-                "FCALL",
-                FUNCTIONS + "cat_since",
-                2,
-                keys.cat,
-                keys.log,
-                self.cache.version,
-            )
-            self._news(reply)
-
-    def _news(self, reply: list[Any]) -> None:
-        version = int(reply[0])
-        if len(reply) == 1 or (version <= self.cache.version and reply[1] != b"full"):
-            return
-        items = [(reply[i].decode(), reply[i + 1] or None) for i in range(2, len(reply) - 1, 2)]
-        full = reply[1] == b"full"
-        before = set(self.cache.pipes) if full else set()
-        self.cache.load(version, items, full=full)
-        self._changed(items, before - set(self.cache.pipes))
-
-    def _changed(self, fields: Fields, gone: set[str]) -> None:
-        """After the cache took a change: the readers of each pipe it changed or
-        deleted (``gone``: pipes a full reload no longer has) and the evented GETs on
-        the catalogue look again. In proportion to the change, not to the pipes known:
-        a change costs the same at 100,000 pipes as at 100."""
-        for pipe in gone | {name[2:] for name, _ in fields if name.startswith("p:")}:
-            waiting.wake(self, pipe)
-        watching, self._watching_catalogue = self._watching_catalogue, set()
-        for future in watching:
-            if not future.done():
-                future.set_result(True)
-
-    async def _change(self, build: Callable[[], tuple[Fields, T]]) -> T:
-        """Make a change the cache decides (``build``: the fields to write, and the
-        answer), atomically against the version it was decided on: when another engine
-        changed the catalogue first, read the news and decide again."""
-        keys = self.keys
-        for _ in range(50):
-            fields, answer = build()
-            if not fields:
-                return answer
-            args: list[Any] = []
-            for name, value in fields:
-                args += [name, value or b""]
-            expected = self.cache.version
-            made, version = await self.link.call(
-                keys.cat,
-                "FCALL",
-                FUNCTIONS + "cat_change",
-                2,
-                keys.cat,
-                keys.log,
-                expected,
-                keys.cat,
-                *args,
-                write=True,
-                durable=True,
-            )
-            if made:
-                if version == self.cache.version + 1:
-                    self.cache.load(version, fields, full=False)
-                    self._changed(fields, set())
-                elif version > self.cache.version:
-                    await self._sync()
-                return answer
-            await self._sync()
-        raise ServiceUnavailable("the catalogue is too busy to change now; retry", retry_after=1)
-
-    async def _fresh(self) -> None:
-        """Catch up when the catalogue moved on (a cheap version check, shared by the
-        calls that ask before it is sent)."""
-        version = await self.link.call(self.keys.cat, "HGET", self.keys.cat, "v", share=True)
-        if int(version or 0) != self.cache.version:
-            await self._sync()
-
-    # ------------------------------------------------------------ look-ups (another's: 404)
-    async def _find(self, table: str, key: str) -> Any:
-        found = getattr(self.cache, table).get(key)
-        if found is None:
-            await self._fresh()  # made by another engine a moment ago?
-            found = getattr(self.cache, table).get(key)
-        return found
-
-    async def _pipe(self, principal: str | None, key: str) -> PipeRec:
-        found: PipeRec | None = await self._find("pipes", key)
-        if found is None or (principal is not None and found.owner != principal):
-            raise NotFound(HIDDEN)
-        return found
-
-    async def _feed(self, principal: str | None, key: str) -> FeedRec:
-        found: FeedRec | None = await self._find("feeds", key)
-        if found is None or (
-            found.name is None and principal is not None and found.owner != principal
-        ):
-            raise NotFound(f"no feed named {key!r}")
-        return found
-
-    async def _join(self, principal: str | None, key: str) -> JoinRec:
-        found: JoinRec | None = await self._find("joins", key)
-        if found is None:
-            raise NotFound(HIDDEN)
-        pipe = self.cache.pipes[found.pipe]
-        if principal is not None and pipe.owner != principal:
-            raise NotFound(HIDDEN)
-        return found
-
-    async def _staged(self, principal: str | None, key: str) -> StagedRec:
-        found: StagedRec | None = await self._find("staged", key)
-        if (
-            found is None
-            or found.expires <= time.time()
-            or (principal is not None and found.owner != principal)
-        ):
-            raise NotFound(HIDDEN)
-        return found
-
     def settings(self, pipe: PipeRec) -> Settings:
         return Settings(pipe.options, self.config)
 
@@ -486,21 +338,21 @@ class RedisEngine:
     async def domain(self, name: str) -> DomainInfo:
         # Listings read the catalogue as it is now: a feed another node made (or
         # deleted) a moment ago is listed (or not), whichever node a client asks.
-        await self._fresh()
+        await syncing.fresh(self)
         found = self.cache.domains.get(name)
         if found is None:
             raise NotFound(f"no domain named {name!r}")
         return domain_info(found, [f.key for f in self.cache.public_feeds(name)])
 
     async def domains(self) -> tuple[DomainInfo, ...]:
-        await self._fresh()
+        await syncing.fresh(self)
         return tuple([await self.domain(name) for name in self.cache.domains])
 
     # A resource looked up by key reads the catalogue as it is now too: one deleted
     # through another node a moment ago is 404 here, whichever node a client asks.
     async def feed(self, principal: str | None, key: str) -> FeedInfo:
-        await self._fresh()
-        return await self._feed_value(await self._feed(principal, key))
+        await syncing.fresh(self)
+        return await self._feed_value(await syncing.feed(self, principal, key))
 
     async def _feed_value(self, feed: FeedRec) -> FeedInfo:
         """:meth:`_feed_info`, with how many messages its queue holds (F8)."""
@@ -516,17 +368,17 @@ class RedisEngine:
         return tuple([await self._feed_value(f) for f in self.cache.public_feeds(domain)])
 
     async def pipe(self, principal: str | None, key: str) -> PipeInfo:
-        await self._fresh()
-        return await self._pipe_info(await self._pipe(principal, key))
+        await syncing.fresh(self)
+        return await self._pipe_info(await syncing.pipe(self, principal, key))
 
     async def pipes(self, principal: str) -> tuple[PipeInfo, ...]:
-        await self._fresh()
+        await syncing.fresh(self)
         mine = [p for p in self.cache.pipes.values() if p.owner == principal]
         return tuple([await self._pipe_info(p) for p in mine])
 
     async def join(self, principal: str | None, key: str) -> JoinInfo:
-        await self._fresh()
-        return self._join_info(await self._join(principal, key))
+        await syncing.fresh(self)
+        return self._join_info(await syncing.join(self, principal, key))
 
     async def resolve(self, principal: str | None, key: str) -> Resource:
         return await reading.resolve(self, principal, key)
@@ -535,7 +387,7 @@ class RedisEngine:
         return await reading.exists(self, principal, at)
 
     async def feed_at(self, principal: str | None, path: str) -> FeedInfo:
-        await self._fresh()
+        await syncing.fresh(self)
         target = self.cache.feed_at(path)
         if target.name is None and principal is not None and target.owner != principal:
             raise BadRequest(f"join names no existing feed: {path}")
@@ -548,7 +400,7 @@ class RedisEngine:
         return tuple(self._feed_info(f) for f in feeds.values())
 
     async def owned(self, principal: str) -> Owned:
-        await self._fresh()
+        await syncing.fresh(self)
         cache = self.cache
         pipes = [p for p in cache.pipes.values() if p.owner == principal]
         return Owned(
@@ -649,8 +501,8 @@ class RedisEngine:
         ]
 
     async def listing(self, principal: str | None, pipe: str) -> Listing:
-        await self._fresh()
-        found = await self._pipe(principal, pipe)
+        await syncing.fresh(self)
+        found = await syncing.pipe(self, principal, pipe)
         cap = self.config.listing_cap
         reply = await self._range(found.key, 0, cap + 1)
         held = self._messages(found.key, reply)
@@ -666,7 +518,7 @@ class RedisEngine:
         wait: float = 0.0,
         lease: bool = False,
     ) -> Message | None:
-        found = await self._pipe(principal, pipe)
+        found = await syncing.pipe(self, principal, pipe)
         if not 1 <= position <= MAX_POSITION:  # never issued (0 would ask for the oldest)
             raise NotFound("no message at that position")
         deadline = time.monotonic() + wait
@@ -724,7 +576,7 @@ class RedisEngine:
         self._leased_buckets.add(index)
 
     async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
-        found = await self._pipe(principal, pipe)
+        found = await syncing.pipe(self, principal, pipe)
         if not 1 <= position <= MAX_POSITION:
             return None
         reply = await self._range(found.key, position, 1)
@@ -733,7 +585,7 @@ class RedisEngine:
         return self._messages(found.key, reply)[0]
 
     async def ack(self, principal: str | None, pipe: str, position: int) -> int:
-        found = await self._pipe(principal, pipe)
+        found = await syncing.pipe(self, principal, pipe)
         return await self._ack(found.key, position)
 
     async def _ack(

@@ -15,14 +15,15 @@ from restms.errors import ServiceUnavailable
 
 from ..routing import QUEUEING_TYPES
 from ..store import loads
-from . import mirror, resources, waiting
+from . import mirror, resources, syncing, waiting
 from .catalogue import BUCKETS, bucket
 from .link import FUNCTIONS
 from .publishing import dead_letter
 from .queueing import hand_over
 
 if TYPE_CHECKING:
-    from .service import Fields, RedisEngine
+    from .service import RedisEngine
+    from .syncing import Fields
 
 log = logging.getLogger(__name__)
 FULL_SWEEP = 1.0  # seconds between sweeps of every bucket (leases others took)
@@ -130,5 +131,5 @@ async def expire_staged(engine: RedisEngine) -> None:
         def build() -> tuple[Fields, None]:
             return [(f"s:{k}", None) for k in gone if k in engine.cache.staged], None
 
-        await engine._change(build)
+        await syncing.change(engine, build)
         engine.counters.staged_expired += len(gone)

@@ -19,7 +19,7 @@ from restms.webhook import WebhookOptions
 from ..service import Message, Webhook, WebhookAttempts
 from ..store import dumps, loads
 from ..webhook import Hook, apply_change
-from . import mirror, waiting
+from . import mirror, syncing, waiting
 from .catalogue import PipeRec
 from .link import FUNCTIONS
 from .values import webhook
@@ -84,7 +84,7 @@ async def changed(engine: RedisEngine, pipe: PipeRec, change: WebhookOptions) ->
 
 
 async def _hooked(engine: RedisEngine, key: str) -> tuple[PipeRec, Hook]:
-    pipe = await engine._find("pipes", key)
+    pipe = await syncing.find(engine, "pipes", key)
     hook = None if pipe is None else await hook_of(engine, pipe)
     if pipe is None or hook is None:
         raise NotFound(HIDDEN)

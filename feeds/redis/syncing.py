@@ -1,0 +1,188 @@
+"""The Redis engine's cached catalogue kept in step with the cluster's (docs/CLUSTER.md,
+"Caching and freshness"): the news read when the catalogue's channel announces a
+version, when a key asked for is missing and before each publish (:func:`fresh`);
+a change made against the version it was decided on (:func:`change`); the readers
+of what changed woken. And the look-ups of records by key, another principal's
+being 404 (:func:`pipe`, :func:`feed`, :func:`join`, :func:`staged`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from restms.errors import NotFound, ServiceUnavailable
+
+from . import waiting
+from .catalogue import FeedRec, JoinRec, PipeRec, StagedRec
+from .link import FUNCTIONS
+
+if TYPE_CHECKING:
+    from .service import RedisEngine
+
+log = logging.getLogger(__name__)
+HIDDEN = "no such resource"
+T = TypeVar("T")
+Fields = list[tuple[str, bytes | None]]
+
+
+def heard(engine: RedisEngine, channel: str, data: bytes) -> None:
+    if channel == engine.keys.cat:
+        if int(data or 0) > engine.cache.version and not engine._closing:
+            background(engine, sync(engine))
+        return
+    waiting.heard(engine, data)
+
+
+def background(engine: RedisEngine, work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` beside the calls (reading news): tracked, ended by close, its
+    failure logged (the next call looks again)."""
+
+    async def run() -> None:
+        try:
+            await work
+        except ServiceUnavailable as exc:
+            log.warning("reading the catalogue's news failed: %s", exc.reason)
+
+    task = asyncio.get_running_loop().create_task(run())
+    engine._announcing.add(task)
+    task.add_done_callback(engine._announcing.discard)
+
+
+def lost(engine: RedisEngine) -> None:
+    """A wake-up may have been missed: every waiter looks again."""
+    for pipe in list(engine._waiters):
+        waiting.wake(engine, pipe)
+    if not engine._closing:
+        background(engine, sync(engine))
+
+
+async def sync(engine: RedisEngine) -> None:
+    """Read the catalogue's news since the version cached."""
+    async with engine._syncing:
+        keys = engine.keys
+        reply = await engine.link.call(
+            keys.cat,
+            "FCALL",
+            FUNCTIONS + "cat_since",
+            2,
+            keys.cat,
+            keys.log,
+            engine.cache.version,
+        )
+        news(engine, reply)
+
+
+def news(engine: RedisEngine, reply: list[Any]) -> None:
+    version = int(reply[0])
+    if len(reply) == 1 or (version <= engine.cache.version and reply[1] != b"full"):
+        return
+    items = [(reply[i].decode(), reply[i + 1] or None) for i in range(2, len(reply) - 1, 2)]
+    full = reply[1] == b"full"
+    before = set(engine.cache.pipes) if full else set()
+    engine.cache.load(version, items, full=full)
+    changed(engine, items, before - set(engine.cache.pipes))
+
+
+def changed(engine: RedisEngine, fields: Fields, gone: set[str]) -> None:
+    """After the cache took a change: the readers of each pipe it changed or
+    deleted (``gone``: pipes a full reload no longer has) and the evented GETs on
+    the catalogue look again. In proportion to the change, not to the pipes known:
+    a change costs the same at 100,000 pipes as at 100."""
+    for pipe in gone | {name[2:] for name, _ in fields if name.startswith("p:")}:
+        waiting.wake(engine, pipe)
+    watching, engine._watching_catalogue = engine._watching_catalogue, set()
+    for future in watching:
+        if not future.done():
+            future.set_result(True)
+
+
+async def change(engine: RedisEngine, build: Callable[[], tuple[Fields, T]]) -> T:
+    """Make a change the cache decides (``build``: the fields to write, and the
+    answer), atomically against the version it was decided on: when another engine
+    changed the catalogue first, read the news and decide again."""
+    keys = engine.keys
+    for _ in range(50):
+        fields, answer = build()
+        if not fields:
+            return answer
+        args: list[Any] = []
+        for name, value in fields:
+            args += [name, value or b""]
+        expected = engine.cache.version
+        made, version = await engine.link.call(
+            keys.cat,
+            "FCALL",
+            FUNCTIONS + "cat_change",
+            2,
+            keys.cat,
+            keys.log,
+            expected,
+            keys.cat,
+            *args,
+            write=True,
+            durable=True,
+        )
+        if made:
+            if version == engine.cache.version + 1:
+                engine.cache.load(version, fields, full=False)
+                changed(engine, fields, set())
+            elif version > engine.cache.version:
+                await sync(engine)
+            return answer
+        await sync(engine)
+    raise ServiceUnavailable("the catalogue is too busy to change now; retry", retry_after=1)
+
+
+async def fresh(engine: RedisEngine) -> None:
+    """Catch up when the catalogue moved on (a cheap version check, shared by the
+    calls that ask before it is sent)."""
+    version = await engine.link.call(engine.keys.cat, "HGET", engine.keys.cat, "v", share=True)
+    if int(version or 0) != engine.cache.version:
+        await sync(engine)
+
+
+# ---------------------------------------------------------------- look-ups (another's: 404)
+async def find(engine: RedisEngine, table: str, key: str) -> Any:
+    found = getattr(engine.cache, table).get(key)
+    if found is None:
+        await fresh(engine)  # made by another engine a moment ago?
+        found = getattr(engine.cache, table).get(key)
+    return found
+
+
+async def pipe(engine: RedisEngine, principal: str | None, key: str) -> PipeRec:
+    found: PipeRec | None = await find(engine, "pipes", key)
+    if found is None or (principal is not None and found.owner != principal):
+        raise NotFound(HIDDEN)
+    return found
+
+
+async def feed(engine: RedisEngine, principal: str | None, key: str) -> FeedRec:
+    found: FeedRec | None = await find(engine, "feeds", key)
+    if found is None or (found.name is None and principal is not None and found.owner != principal):
+        raise NotFound(f"no feed named {key!r}")
+    return found
+
+
+async def join(engine: RedisEngine, principal: str | None, key: str) -> JoinRec:
+    found: JoinRec | None = await find(engine, "joins", key)
+    if found is None:
+        raise NotFound(HIDDEN)
+    pipe = engine.cache.pipes[found.pipe]
+    if principal is not None and pipe.owner != principal:
+        raise NotFound(HIDDEN)
+    return found
+
+
+async def staged(engine: RedisEngine, principal: str | None, key: str) -> StagedRec:
+    found: StagedRec | None = await find(engine, "staged", key)
+    if (
+        found is None
+        or found.expires <= time.time()
+        or (principal is not None and found.owner != principal)
+    ):
+        raise NotFound(HIDDEN)
+    return found
