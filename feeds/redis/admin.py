@@ -11,7 +11,7 @@ from restms.errors import ServiceUnavailable
 from ..config import LATENCY_BOUNDS
 from ..routing import QUEUEING_TYPES
 from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
-from . import syncing, waiting
+from . import streams, syncing, waiting
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -118,7 +118,7 @@ async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> Pi
 async def purge(engine: RedisEngine, principal: str | None, pipe: str) -> int:
     found = await syncing.pipe(engine, principal, pipe)
     reply = await engine._range(found.key, 0, 0, use=False)
-    return await engine._ack(found.key, reply[0] - 1, use=False)
+    return await streams.acknowledge(engine, found.key, reply[0] - 1, use=False)
 
 
 async def inventory(engine: RedisEngine) -> Inventory:

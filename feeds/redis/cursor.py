@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from restms.errors import NotFound
 
 from ..service import Message
-from . import syncing, waiting
+from . import streams, syncing, waiting
 from .catalogue import bucket
 
 if TYPE_CHECKING:
@@ -119,18 +119,20 @@ class RedisCursor:
                 return ()
         reply = await engine._range(self.pipe, self._position + 1, limit)
         self._held = reply[3]
-        got = tuple(engine._messages(self.pipe, reply))
+        got = tuple(streams.decoded(self.pipe, reply))
         if got:
             self._position = got[-1].position
             if self._lease:
                 found = engine.cache.pipes.get(self.pipe)
                 if found is not None:
                     for message in got:
-                        await engine._lease(found, message)
+                        await streams.delivered(engine, found, message)
         return got
 
     async def ack(self, position: int, *, wait: bool = True) -> int:
-        removed = await self.engine._ack(self.pipe, position, durable=wait, via=self.via)
+        removed = await streams.acknowledge(
+            self.engine, self.pipe, position, durable=wait, via=self.via
+        )
         reply = await self.engine._range(self.pipe, 0, 0)
         self._held = reply[3]
         return removed
@@ -146,4 +148,4 @@ class RedisCursor:
         message = await engine.look(None, self.pipe, position)
         if message is None:
             raise NotFound("no message at that position")
-        await engine._lease(found, message)
+        await streams.delivered(engine, found, message)

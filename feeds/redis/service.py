@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -87,15 +86,14 @@ from ..store import stamps
 from . import (
     admin,
     claims,
-    mirror,
     publishing,
     queueing,
     reading,
     resources,
     settling,
+    streams,
     syncing,
     upkeep,
-    waiting,
     webhooks,
 )
 from . import settings as kept  # (not the pipes' Settings)
@@ -105,32 +103,23 @@ from .catalogue import (
     JoinRec,
     Keys,
     PipeRec,
-    bucket,
 )
 from .cursor import RedisCursor
-from .link import FUNCTIONS, Link, Subscriber
+from .link import Link, Subscriber
 from .owners import Owners
 from .syncing import HIDDEN
 from .values import (
     Figures,
     Settings,
-    decode_message,
     domain_info,
     feed_info,
-    first_position,
     join_info,
     pipe_info,
 )
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT = 5.0  # seconds each step of closing may take
-# How often a waiting read of an ondemand pipe asks its feeds' queues again: a queue
-# announces nothing when a message joins it.
-ONDEMAND_POLL = 0.05
 URL = "redis://127.0.0.1:7101"  # the project's cluster (scripts/cluster)
-# Positions come from HINCRBY (a signed 64-bit counter): past it, none was ever issued,
-# and a stream refuses such an id.
-MAX_POSITION = 2**63 - 1
 
 
 class RedisEngine:
@@ -481,33 +470,11 @@ class RedisEngine:
 
     # ------------------------------------------------------------ reading
     async def _range(self, pipe: str, first: int, count: int, use: bool = True) -> list[Any]:
-        """The pipe's figures and up to ``count`` messages from ``first`` (0: the oldest):
-        asynclet, expired now, oldest, held, then five items a message."""
-        stream, state, tag = self.keys.pipe(pipe)
-        now = int(time.time() * 1000)
-        command = ("FCALL", FUNCTIONS + "range", 2, stream, state, first, count, now, int(use))
-        if self._mirror is not None and count:  # it also answers what expired
-            reply = await mirror.ranged(self, pipe, command)
-        else:
-            reply = await self.link.call(tag, *command, write=True)
-        if reply[1]:
-            self.counters.expired += int(reply[1])
-        return list(reply)
-
-    def _messages(self, pipe: str, reply: list[Any]) -> list[Message]:
-        return [
-            decode_message(pipe, reply[i], reply[i + 1], reply[i + 2], reply[i + 3], reply[i + 4])
-            for i in range(4, len(reply), 5)
-        ]
+        # Every range of a pipe is read through here (tests count a read's ranges).
+        return await streams.read_range(self, pipe, first, count, use)
 
     async def listing(self, principal: str | None, pipe: str) -> Listing:
-        await syncing.fresh(self)
-        found = await syncing.pipe(self, principal, pipe)
-        cap = self.config.listing_cap
-        reply = await self._range(found.key, 0, cap + 1)
-        held = self._messages(found.key, reply)
-        capped = len(held) > cap
-        return Listing(messages=tuple(held[:cap]), asynclet=None if capped else reply[0])
+        return await streams.listing(self, principal, pipe)
 
     async def read(
         self,
@@ -518,94 +485,13 @@ class RedisEngine:
         wait: float = 0.0,
         lease: bool = False,
     ) -> Message | None:
-        found = await syncing.pipe(self, principal, pipe)
-        if not 1 <= position <= MAX_POSITION:  # never issued (0 would ask for the oldest)
-            raise NotFound("no message at that position")
-        deadline = time.monotonic() + wait
-        if wait > 0:
-            if self._closing:
-                raise self._unavailable()
-            await waiting.listen(self, bucket(pipe))
-        while True:
-            future = waiting.watch(self, pipe) if wait > 0 else None
-            try:
-                reply = await self._range(pipe, position, 1)
-                if reply[0] != position:
-                    if first_position(reply) != position:
-                        raise NotFound("no message at that position")
-                    got = self._messages(pipe, reply)[0]
-                    if lease:
-                        await self._lease(found, got)
-                    return got
-                remaining = deadline - time.monotonic()
-                if future is None or remaining <= 0:
-                    return None
-                if found.type == "ondemand":  # its wait asks its feeds for work (P3)
-                    if reply[3] == 0 and await queueing.take_work(self, found):
-                        continue
-                    remaining = min(remaining, ONDEMAND_POLL)
-                await asyncio.wait({future}, timeout=remaining)
-                if self._closing:
-                    raise self._unavailable()
-                if pipe not in self.cache.pipes:
-                    raise NotFound(HIDDEN)
-                woken = waiting.carried(pipe, position, future)
-                if woken is not None:
-                    if lease:
-                        await self._lease(found, woken)
-                    return woken
-            finally:
-                if future is not None:
-                    waiting.unwatch(self, pipe, future)
-
-    async def _lease(self, pipe: PipeRec, message: Message) -> None:
-        """A delivery: unless acknowledged within the pipe's lease it comes back."""
-        self.counters.delivered += 1
-        self.latency.observe(max(0.0, time.time() - message.arrived))
-        if self._mirror is not None:
-            mirror.delivered(self, pipe, message)
-        settings = self.settings(pipe)
-        if settings.lease <= 0:
-            return
-        index = bucket(pipe.key)
-        leases, _lock = self.keys.leases(index)
-        due = int((time.time() + settings.lease) * 1000)
-        await self.link.call(
-            self.keys.tag(index), "ZADD", leases, due, f"{pipe.key} {message.position}", write=True
-        )
-        self._leased_buckets.add(index)
+        return await streams.read(self, principal, pipe, position, wait, lease)
 
     async def look(self, principal: str | None, pipe: str, position: int) -> Message | None:
-        found = await syncing.pipe(self, principal, pipe)
-        if not 1 <= position <= MAX_POSITION:
-            return None
-        reply = await self._range(found.key, position, 1)
-        if first_position(reply) != position:
-            return None
-        return self._messages(found.key, reply)[0]
+        return await streams.look(self, principal, pipe, position)
 
     async def ack(self, principal: str | None, pipe: str, position: int) -> int:
-        found = await syncing.pipe(self, principal, pipe)
-        return await self._ack(found.key, position)
-
-    async def _ack(
-        self,
-        pipe: str,
-        position: int,
-        durable: bool = True,
-        use: bool = True,
-        via: str | None = None,
-    ) -> int:
-        stream, state, tag = self.keys.pipe(pipe)
-        now = int(time.time() * 1000) if use else 0
-        command = ("FCALL", FUNCTIONS + "ack", 2, stream, state, tag, position, now)
-        if self._mirror is not None:  # it also answers what it removes
-            removed = await mirror.ack(self, pipe, command, durable, via)
-        else:
-            removed = int(await self.link.call(tag, *command, write=True, durable=durable))
-        self.counters.acknowledged += removed
-        waiting.wake(self, pipe)
-        return removed
+        return await streams.ack(self, principal, pipe, position)
 
     async def content(self, principal: str | None, ref: ContentRef) -> Blob:
         return await reading.content(self, principal, ref)
