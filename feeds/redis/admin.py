@@ -11,7 +11,7 @@ from restms.errors import ServiceUnavailable
 from ..config import LATENCY_BOUNDS
 from ..routing import QUEUEING_TYPES
 from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
-from . import streams, syncing, waiting
+from . import lookups, streams, syncing, waiting
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -102,7 +102,7 @@ async def pipe_states(engine: RedisEngine) -> tuple[PipeState, ...]:
 
 async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> PipeState:
     found = await syncing.pipe(engine, principal, key)
-    info = await engine._pipe_info(found, use=False)
+    info = await lookups.pipe_of(engine, found, use=False)
     _stream, state, tag = engine.keys.pipe(key)
     size = await engine.link.call(tag, "HGET", state, "bytes")
     return PipeState(

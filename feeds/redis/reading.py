@@ -20,7 +20,7 @@ from ..service import (
     Slot,
     Watched,
 )
-from . import mirror, publishing, syncing, waiting
+from . import lookups, mirror, publishing, syncing, waiting
 from .catalogue import bucket
 from .link import FUNCTIONS
 from .values import first_position
@@ -38,7 +38,7 @@ async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resou
     if feed is not None and feed.name is None:
         if principal is not None and feed.owner != principal:
             raise NotFound(HIDDEN)
-        return engine._feed_info(feed)
+        return lookups.feed_of(engine, feed)
     if key in cache.pipes:
         return await engine.pipe(principal, key)
     if key in cache.joins:

@@ -16,7 +16,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
 from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
-from . import syncing, waiting, webhooks
+from . import lookups, syncing, waiting, webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
 
@@ -62,7 +62,7 @@ async def create_feed(
     if spec.name is not None:
         await syncing.fresh(engine)
     made, created = await syncing.change(engine, build)
-    return engine._feed_info(engine.cache.feeds[made]), created
+    return lookups.feed_of(engine, engine.cache.feeds[made]), created
 
 
 async def update_feed(
@@ -85,7 +85,7 @@ async def update_feed(
         return [(field_of(made), encode(made))], None
 
     await syncing.change(engine, build)
-    return engine._feed_info(engine.cache.feeds[key])
+    return lookups.feed_of(engine, engine.cache.feeds[key])
 
 
 async def delete_feed(engine: RedisEngine, principal: str | None, key: str) -> None:
@@ -187,7 +187,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
     made = engine.cache.pipes[key]
     if made.type == "webhook":
         await engine.owners.claim(key)
-    return await engine._pipe_info(made)
+    return await lookups.pipe_of(engine, made)
 
 
 async def update_pipe(
@@ -293,7 +293,7 @@ async def create_join(
         feed = engine.cache.feeds.get(join.feed)
         if feed is not None and feed.type in QUEUEING_TYPES:
             await engine._drain(feed)
-    return engine._join_info(join), created
+    return lookups.join_of(engine, join), created
 
 
 async def delete_join(engine: RedisEngine, principal: str | None, key: str) -> None:

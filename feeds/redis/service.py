@@ -32,30 +32,17 @@ model"):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from restms.errors import (
-    BadRequest,
-    NotFound,
-    ServiceUnavailable,
-)
-from restms.specs import (
-    EmbeddedContent,
-    FeedSpec,
-    JoinSpec,
-    MessageSpec,
-    PipeSpec,
-    Update,
-)
+from restms.errors import ServiceUnavailable
+from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, MessageSpec, PipeSpec, Update
 
-from ..config import DEFAULT_FEED, Counters, EngineConfig, Latency
+from ..config import Counters, EngineConfig, Latency
 from ..events import Events
 from ..model import Feed
-from ..routing import QUEUEING_TYPES
 from ..service import (
     Blob,
     ContentRef,
@@ -86,6 +73,7 @@ from ..store import stamps
 from . import (
     admin,
     claims,
+    lookups,
     publishing,
     queueing,
     reading,
@@ -97,25 +85,11 @@ from . import (
     webhooks,
 )
 from . import settings as kept  # (not the pipes' Settings)
-from .catalogue import (
-    Cache,
-    FeedRec,
-    JoinRec,
-    Keys,
-    PipeRec,
-)
+from .catalogue import Cache, FeedRec, JoinRec, Keys, PipeRec
 from .cursor import RedisCursor
 from .link import Link, Subscriber
 from .owners import Owners
-from .syncing import HIDDEN
-from .values import (
-    Figures,
-    Settings,
-    domain_info,
-    feed_info,
-    join_info,
-    pipe_info,
-)
+from .values import Settings
 
 log = logging.getLogger(__name__)
 CLOSE_WAIT = 5.0  # seconds each step of closing may take
@@ -293,81 +267,27 @@ class RedisEngine:
     def settings(self, pipe: PipeRec) -> Settings:
         return Settings(pipe.options, self.config)
 
-    # ------------------------------------------------------------ values
-    def _feed_info(self, feed: FeedRec) -> FeedInfo:
-        system = bool(self.config.system_feed) and feed.key == self.config.system_feed
-        return feed_info(feed, feed.configured and feed.key == DEFAULT_FEED, system)
-
-    def _join_info(self, join: JoinRec) -> JoinInfo:
-        feed = self.cache.feeds.get(join.feed)
-        return join_info(join, self.cache.pipes[join.pipe], feed is None or feed.name is not None)
-
-    async def _pipe_info(self, pipe: PipeRec, use: bool = True) -> PipeInfo:
-        joins = tuple(self._join_info(j) for j in pipe.joins.values())
-        figures = await self._figures(pipe.key, use)
-        hook = await webhooks.hook_of(self, pipe)
-        if pipe.key not in self.cache.pipes:  # deleted meanwhile
-            raise NotFound(HIDDEN)
-        return pipe_info(pipe, self.settings(pipe), joins, figures, self._dead_letter, hook)
-
-    async def _figures(self, pipe: str, use: bool = True) -> Figures:
-        """Held, oldest, asynclet, the version of a pipe's messages and its marks."""
-        _stream, state, tag = self.keys.pipe(pipe)
-        reply = await self._range(pipe, 0, 0, use)
-        version, acked, lost = await self.link.call(tag, "HMGET", state, "ver", "acked", "lost")
-        return Figures(
-            held=reply[3],
-            oldest=reply[2] or None,
-            asynclet=reply[0],
-            version=int(version or 0),
-            acked=int(acked or 0),
-            lost=int(lost or 0),
-        )
-
+    # ------------------------------------------------------------ look-ups
     async def domain(self, name: str) -> DomainInfo:
-        # Listings read the catalogue as it is now: a feed another node made (or
-        # deleted) a moment ago is listed (or not), whichever node a client asks.
-        await syncing.fresh(self)
-        found = self.cache.domains.get(name)
-        if found is None:
-            raise NotFound(f"no domain named {name!r}")
-        return domain_info(found, [f.key for f in self.cache.public_feeds(name)])
+        return await lookups.domain(self, name)
 
     async def domains(self) -> tuple[DomainInfo, ...]:
-        await syncing.fresh(self)
-        return tuple([await self.domain(name) for name in self.cache.domains])
+        return await lookups.domains(self)
 
-    # A resource looked up by key reads the catalogue as it is now too: one deleted
-    # through another node a moment ago is 404 here, whichever node a client asks.
     async def feed(self, principal: str | None, key: str) -> FeedInfo:
-        await syncing.fresh(self)
-        return await self._feed_value(await syncing.feed(self, principal, key))
-
-    async def _feed_value(self, feed: FeedRec) -> FeedInfo:
-        """:meth:`_feed_info`, with how many messages its queue holds (F8)."""
-        made = self._feed_info(feed)
-        if feed.type not in QUEUEING_TYPES:
-            return made
-
-        count, _size = await queueing.queued(self, feed)
-        return dataclasses.replace(made, queued=count)
+        return await lookups.feed(self, principal, key)
 
     async def feeds(self, domain: str) -> tuple[FeedInfo, ...]:
-        await self.domain(domain)
-        return tuple([await self._feed_value(f) for f in self.cache.public_feeds(domain)])
+        return await lookups.feeds(self, domain)
 
     async def pipe(self, principal: str | None, key: str) -> PipeInfo:
-        await syncing.fresh(self)
-        return await self._pipe_info(await syncing.pipe(self, principal, key))
+        return await lookups.pipe(self, principal, key)
 
     async def pipes(self, principal: str) -> tuple[PipeInfo, ...]:
-        await syncing.fresh(self)
-        mine = [p for p in self.cache.pipes.values() if p.owner == principal]
-        return tuple([await self._pipe_info(p) for p in mine])
+        return await lookups.pipes(self, principal)
 
     async def join(self, principal: str | None, key: str) -> JoinInfo:
-        await syncing.fresh(self)
-        return self._join_info(await syncing.join(self, principal, key))
+        return await lookups.join(self, principal, key)
 
     async def resolve(self, principal: str | None, key: str) -> Resource:
         return await reading.resolve(self, principal, key)
@@ -375,31 +295,17 @@ class RedisEngine:
     async def exists(self, principal: str | None, at: Slot | ContentRef) -> bool:
         return await reading.exists(self, principal, at)
 
-    async def feed_at(self, principal: str | None, path: str) -> FeedInfo:
-        await syncing.fresh(self)
-        target = self.cache.feed_at(path)
-        if target.name is None and principal is not None and target.owner != principal:
-            raise BadRequest(f"join names no existing feed: {path}")
-        return self._feed_info(target)
-
-    async def listed_feeds(self, domain: str) -> tuple[FeedInfo, ...]:
-        await self.domain(domain)  # 404 for none
-        feeds = {f.key: f for f in self.cache.public_feeds(domain)}
-        feeds.setdefault(DEFAULT_FEED, self.cache.feeds[DEFAULT_FEED])
-        return tuple(self._feed_info(f) for f in feeds.values())
-
-    async def owned(self, principal: str) -> Owned:
-        await syncing.fresh(self)
-        cache = self.cache
-        pipes = [p for p in cache.pipes.values() if p.owner == principal]
-        return Owned(
-            feeds=sum(1 for f in cache.feeds.values() if not f.configured and f.owner == principal),
-            pipes=len(pipes),
-            joins=sum(len(p.joins) for p in pipes),
-        )
-
     async def changed(self, principal: str | None, value: Watched, wait: float) -> Watched | None:
         return await reading.changed(self, principal, value, wait)
+
+    async def feed_at(self, principal: str | None, path: str) -> FeedInfo:
+        return await lookups.feed_at(self, principal, path)
+
+    async def listed_feeds(self, domain: str) -> tuple[FeedInfo, ...]:
+        return await lookups.listed_feeds(self, domain)
+
+    async def owned(self, principal: str) -> Owned:
+        return await lookups.owned(self, principal)
 
     # ------------------------------------------------------------ changes
 
