@@ -313,21 +313,3 @@ async def _room_now(
             fit = min(fit, indexes[taken])
             full.append(key)
     return fit, full
-
-
-async def announce(
-    engine: RedisEngine,
-    feed: FeedRec,
-    spec: MessageSpec,
-    parts: tuple[EmbeddedContent, ...],
-    now: float,
-) -> None:
-    """Route one system event (non-persistent) to the system feed's joins."""
-    record, size = encode_message(spec, parts, feed.name, now, next(engine.stamps))
-    try:
-        copies = (await placing.fanout(engine, feed, [(spec, record, size, False)], [0]))[3]
-    except ServiceUnavailable as exc:
-        log.warning("a system event was lost: %s", exc.reason)
-        return
-    if engine._mirror is not None:
-        mirror.copied(engine, feed, spec, size, copies.get(0, []))

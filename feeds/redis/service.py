@@ -32,13 +32,14 @@ model"):
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from restms.errors import ServiceUnavailable
-from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, MessageSpec, PipeSpec, Update
+from restms.specs import FeedSpec, JoinSpec, MessageSpec, PipeSpec, Update
 
 from ..config import Counters, EngineConfig, Latency
 from ..events import Events
@@ -72,6 +73,7 @@ from ..service import (
 from ..store import stamps
 from . import (
     admin,
+    announcing,
     claims,
     lookups,
     publishing,
@@ -85,7 +87,8 @@ from . import (
     webhooks,
 )
 from . import settings as kept  # (not the pipes' Settings)
-from .catalogue import Cache, FeedRec, JoinRec, Keys, PipeRec
+from .announcing import SystemFeed
+from .catalogue import Cache, FeedRec, Keys, PipeRec
 from .cursor import RedisCursor
 from .link import Link, Subscriber
 from .owners import Owners
@@ -141,8 +144,9 @@ class RedisEngine:
         self.holding = claims.Holding()  # the message-id claims held, renewed
         self.marks = settling.marks()
         if config.system_feed:
-            system = cast("Feed", _SystemFeed(self.cache, config.system_feed))
-            self._events = Events(system, self._announce, interval=config.events_interval)
+            system = cast("Feed", SystemFeed(self.cache, config.system_feed))
+            route = functools.partial(announcing.announce, self)
+            self._events = Events(system, route, interval=config.events_interval)
 
     @classmethod
     def open(
@@ -227,28 +231,6 @@ class RedisEngine:
     @property
     def events(self) -> SystemEvents | None:
         return self._events
-
-    def _announce(
-        self,
-        _feed: Feed,
-        spec: MessageSpec,
-        parts: tuple[EmbeddedContent, ...],
-        now: float,
-        _durable: bool,
-        _size: int,
-    ) -> int:
-        """Route one system event (feeds.events): in the background, as announcements
-        never wait."""
-
-        system = self.cache.feeds.get(self.config.system_feed)
-        if system is None or self._closing:
-            return 0
-        task = asyncio.get_running_loop().create_task(
-            publishing.announce(self, system, spec, parts, now)
-        )
-        self._announcing.add(task)
-        task.add_done_callback(self._announcing.discard)
-        return 1
 
     def adopt(self, task: asyncio.Task[Any]) -> None:
         """Keep ``task`` (work that outlives the call that started it) until it ends, or
@@ -498,21 +480,6 @@ class RedisEngine:
 
     async def webhook_gone(self, pipe: str, position: int, status: str) -> bool:
         return await webhooks.gone(self, pipe, position, status)
-
-
-class _SystemFeed:
-    """What :class:`feeds.events.Events` looks at of its feed: its name and whether
-    anyone is joined to it (the cache's record, as it is now)."""
-
-    def __init__(self, cache: Cache, name: str) -> None:
-        self.cache = cache
-        self.key = name
-        self.deleted = False
-
-    @property
-    def joins(self) -> dict[str, JoinRec]:
-        feed = self.cache.feeds.get(self.key)
-        return {} if feed is None else feed.joins
 
 
 if TYPE_CHECKING:  # the type checker proves the Redis engine is the whole service
