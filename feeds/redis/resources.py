@@ -16,7 +16,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
 from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
-from . import lookups, syncing, waiting, webhooks
+from . import lookups, queueing, syncing, waiting, webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
 
@@ -292,7 +292,7 @@ async def create_join(
     if created:
         feed = engine.cache.feeds.get(join.feed)
         if feed is not None and feed.type in QUEUEING_TYPES:
-            await engine._drain(feed)
+            await queueing.drain(engine, feed)
     return lookups.join_of(engine, join), created
 
 

@@ -77,7 +77,6 @@ from . import (
     claims,
     lookups,
     publishing,
-    queueing,
     reading,
     resources,
     settling,
@@ -88,7 +87,7 @@ from . import (
 )
 from . import settings as kept  # (not the pipes' Settings)
 from .announcing import SystemFeed
-from .catalogue import Cache, FeedRec, Keys, PipeRec
+from .catalogue import Cache, Keys, PipeRec
 from .cursor import RedisCursor
 from .link import Link, Subscriber
 from .owners import Owners
@@ -351,10 +350,6 @@ class RedisEngine:
     ) -> int:
 
         return await publishing.room(self, principal, feed, messages, wait)
-
-    async def _drain(self, feed: FeedRec) -> None:
-
-        await queueing.drain(self, feed)
 
     # ------------------------------------------------------------ reading
     async def _range(self, pipe: str, first: int, count: int, use: bool = True) -> list[Any]:
