@@ -1,8 +1,8 @@
 """Publishing on the Redis engine: route on this engine (the cached catalogue), then
 one function call per bucket of target pipes places the copies (:mod:`.placing`);
 rotator and service feeds hand each message to one pipe in turn or queue it (a list
-in the feed's slot, :mod:`.queueing`). Here too: dead letters, the room a publish
-would find (:func:`room`) and the system events (:func:`announce`).
+in the feed's slot, :mod:`.queueing`). Here too: dead letters and the room a publish
+would find (:func:`room`).
 
 A publish is all or nothing as far as the cluster lets it be: everything that can
 refuse it (a missing or foreign staged content, a full "reject" pipe, a full feed

@@ -1,6 +1,6 @@
 """Changes to the catalogue: feeds, pipes, joins and staged contents (RestMS C1-C9,
 R2-R5, F10-F16, P4-P5, M1-M4) on the Redis engine, each decided against the cached
-catalogue and made by one compare-and-set call (:meth:`RedisEngine._change`)."""
+catalogue and made by one compare-and-set call (:func:`.syncing.change`)."""
 
 from __future__ import annotations
 

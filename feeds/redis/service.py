@@ -27,6 +27,8 @@ model"):
   (:mod:`.waiting`).
 * **Leases** are a sorted set per bucket, swept by one engine at a time (a lock taken
   inside the sweep function).
+
+Where each part lives: the package's docstring (:mod:`feeds.redis`).
 """
 
 from __future__ import annotations
