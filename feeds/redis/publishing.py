@@ -44,7 +44,6 @@ from .catalogue import FeedRec, PipeRec, bucket
 from .link import FUNCTIONS
 from .mirror import Copy, Held
 from .placing import Item, Refused
-from .placing import withdraw as _withdraw  # noqa: F401  (tests/engine take it from here)
 from .values import encode_message
 
 if TYPE_CHECKING:

@@ -190,7 +190,7 @@ async def test_a_resource_deleted_on_one_node_is_gone_on_the_other_at_once(
 async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
-    from feeds.redis.publishing import _withdraw
+    from feeds.redis.placing import withdraw
 
     first, _second = nodes
     feed, pipe = await joined_pipe(first, "withdrawn")
@@ -200,7 +200,7 @@ async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     placed = fields[b"m"]
     # Position 1 holds another message than the one the failed publish placed there (a
     # master that failed over issued it again): it stays.
-    await _withdraw(first, {pipe.key: [1]}, {pipe.key: [placed + b" (another)"]})
+    await withdraw(first, {pipe.key: [1]}, {pipe.key: [placed + b" (another)"]})
     assert await texts(first, pipe) == ["kept"]
-    await _withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
+    await withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
     assert await texts(first, pipe) == []
