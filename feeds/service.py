@@ -171,6 +171,10 @@ __all__ = [
 # What an evented GET may wait on (H9-H11): a resource with a version of its own.
 Watched = TypeVar("Watched", DomainInfo, FeedInfo, PipeInfo, JoinInfo)
 
+# The reason of the 404 for a resource that is another principal's: the same as for one
+# that does not exist (U4), whichever engine answers.
+HIDDEN = "no such resource"
+
 # Settings (EngineService.setting): names the gateway's parts choose ("gateway-id",
 # "federation/<link>/pipe"), values small enough to read on every start.
 SETTING_NAME = re.compile(r"[A-Za-z0-9._:/-]{1,200}")

@@ -15,14 +15,12 @@ from restms.errors import NotFound
 
 from ..config import LATENCY_BOUNDS
 from ..model import Feed, Join, Pipe, StagedContent
-from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
+from ..service import HIDDEN, Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
 from .probe import Probe
 from .values import pipe_state
 
 if TYPE_CHECKING:
     from .service import EmbeddedEngine
-
-HIDDEN = "no such resource"
 
 
 class Admin:

@@ -44,6 +44,7 @@ from ..mirroring import emit_bridge_in
 from ..model import Domain, Feed, Join, OnDisk, PartRef, Pipe, StagedContent
 from ..model import Slot as PipeSlot
 from ..service import (
+    HIDDEN,
     Blob,
     ContentRef,
     DomainInfo,
@@ -82,7 +83,6 @@ from .watching import Watching
 from .webhooks import Webhooks
 
 log = logging.getLogger(__name__)
-HIDDEN = "no such resource"
 MEMO = 1024  # feeds whose last value is kept
 NOT_KEPT = "nothing of this publish was kept; retry it"
 

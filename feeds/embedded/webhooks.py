@@ -20,14 +20,12 @@ from restms.errors import NotFound, ServiceUnavailable
 from .. import paging
 from ..model import Message as Held
 from ..model import Pipe
-from ..service import Webhook, WebhookAttempts
+from ..service import HIDDEN, Webhook, WebhookAttempts
 from .values import webhook
 
 if TYPE_CHECKING:
     from ..engine import Engine
     from ..store import Store
-
-HIDDEN = "no such resource"
 
 
 class Webhooks:

@@ -12,10 +12,9 @@ from restms.errors import BadRequest, NotFound
 
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES
-from ..service import DomainInfo, FeedInfo, JoinInfo, Owned, PipeInfo
+from ..service import HIDDEN, DomainInfo, FeedInfo, JoinInfo, Owned, PipeInfo
 from . import queueing, syncing, webhooks
 from .catalogue import FeedRec, JoinRec, PipeRec
-from .syncing import HIDDEN
 from .values import Figures, domain_info, feed_info, join_info, pipe_info
 
 if TYPE_CHECKING:

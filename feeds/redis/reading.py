@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from restms.errors import NotFound
 
 from ..service import (
+    HIDDEN,
     Blob,
     ContentRef,
     DomainInfo,
@@ -27,8 +28,6 @@ from .values import first_position
 
 if TYPE_CHECKING:
     from .service import RedisEngine
-
-HIDDEN = "no such resource"
 
 
 async def resolve(engine: RedisEngine, principal: str | None, key: str) -> Resource:

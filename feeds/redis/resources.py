@@ -15,7 +15,7 @@ from restms.specs import FeedSpec, JoinSpec, PipeSpec, Update
 
 from ..config import DEFAULT_FEED
 from ..routing import QUEUEING_TYPES, matcher
-from ..service import Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
+from ..service import HIDDEN, Blob, FeedInfo, JoinInfo, PipeInfo, StagedInfo
 from . import lookups, queueing, syncing, waiting, webhooks
 from .catalogue import DomainRec, FeedRec, JoinRec, PipeRec, StagedRec, encode, field_of, replace
 from .values import staged_info
@@ -23,8 +23,6 @@ from .values import staged_info
 if TYPE_CHECKING:
     from .service import RedisEngine
     from .syncing import Fields
-
-HIDDEN = "no such resource"
 
 
 def domain_touched(engine: RedisEngine, name: str, now: float) -> tuple[str, bytes]:

@@ -11,11 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 from restms.errors import NotFound
 
-from ..service import Listing, Message
+from ..service import HIDDEN, Listing, Message
 from . import mirror, queueing, syncing, waiting
 from .catalogue import PipeRec, bucket
 from .link import FUNCTIONS
-from .syncing import HIDDEN
 from .values import decode_message, first_position
 
 if TYPE_CHECKING:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from restms.errors import NotFound, ServiceUnavailable
 
+from ..service import HIDDEN
 from . import waiting
 from .catalogue import FeedRec, JoinRec, PipeRec, StagedRec
 from .link import FUNCTIONS
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from .service import RedisEngine
 
 log = logging.getLogger(__name__)
-HIDDEN = "no such resource"
 T = TypeVar("T")
 Fields = list[tuple[str, bytes | None]]
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from restms.errors import NotFound, ServiceUnavailable
 from restms.webhook import WebhookOptions
 
-from ..service import Message, Webhook, WebhookAttempts
+from ..service import HIDDEN, Message, Webhook, WebhookAttempts
 from ..store import dumps, loads
 from ..webhook import Hook, apply_change
 from . import mirror, syncing, waiting
@@ -26,8 +26,6 @@ from .values import webhook
 
 if TYPE_CHECKING:
     from .service import RedisEngine
-
-HIDDEN = "no such resource"
 
 
 async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:

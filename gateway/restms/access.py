@@ -24,6 +24,7 @@ from aiohttp import web
 
 from auth import Principal
 from feeds.service import (
+    HIDDEN,
     ContentRef,
     DomainInfo,
     FeedInfo,
@@ -38,7 +39,6 @@ from gateway.server.state import STATE, State
 from restms import specs
 from restms.errors import BadRequest, Conflict, Forbidden, InsufficientScope, NotFound
 
-HIDDEN = "no such resource"
 READS = frozenset(("GET", "HEAD"))
 SYSTEM_ONLY = (
     "feed {name!r} is the gateway's system feed: its events are published by the "

@@ -17,6 +17,7 @@ from aiohttp import hdrs, web
 
 from auth import Principal
 from feeds.service import (
+    HIDDEN,
     ContentRef,
     DomainInfo,
     EngineService,
@@ -488,7 +489,7 @@ async def refuse(request: web.Request, target: Any, reason: str) -> NoReturn:
     or content that is not there (U12: they resolve by shape)."""
     service, me = request[STATE].service, request[PRINCIPAL].name
     if isinstance(target, Slot | ContentRef) and not await service.exists(me, target):
-        raise NotFound("no such resource")
+        raise NotFound(HIDDEN)
     raise Forbidden(reason)
 
 
