@@ -10,6 +10,7 @@ are in :mod:`gateway.server.shutdown`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -126,7 +127,10 @@ async def _serve(
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        await runner.setup()
+        if not await _started(runner, stop):
+            log.info("stopped while starting")
+            await runner.cleanup()
+            return
     except BaseException as exc:  # what started before the failure (the analytics worker) ends
         await runner.cleanup()
         # A cluster not up, or one that cannot keep a write (no replica): say so, no
@@ -170,6 +174,23 @@ async def _serve(
         log.warning("cancelled %d requests still in flight", cancelled)
     await runner.cleanup()  # last replies written, connections closed, journal committed
     log.info("stopped")
+
+
+async def _started(runner: web.AppRunner, stop: asyncio.Event) -> bool:
+    """Set ``runner`` up (the app's start: the engine, the shared state, which may be
+    waited for), unless ``stop`` (a signal) comes first: then False, the start given up
+    where it was."""
+    setup = asyncio.ensure_future(runner.setup())
+    stopping = asyncio.ensure_future(stop.wait())
+    await asyncio.wait({setup, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    if setup.done():
+        setup.result()  # its failure, if any
+        return True
+    setup.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await setup
+    return False
 
 
 def run(config: Config, open_engine: Callable[[Config], EngineService]) -> int:

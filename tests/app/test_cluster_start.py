@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -106,3 +107,19 @@ async def test_a_cluster_that_cannot_keep_a_write_stops_the_start_with_a_reason(
     assert "cannot start: no replica confirmed the write in time" in err, err
     assert private_cluster.url in err, err
     assert "Traceback" not in err, err
+
+
+async def test_a_node_waiting_for_its_cluster_stops_at_once_on_sigterm(
+    tmp_path: Path, namespace: str
+) -> None:
+    async with serving(tmp_path, f"redis://127.0.0.1:{free_port()}", namespace) as proc:
+        assert proc.stderr is not None
+        async with asyncio.timeout(20):
+            while "waiting up to 30 s" not in (await proc.stderr.readline()).decode():
+                assert proc.returncode is None, "the node exited instead of waiting"
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(5):  # not the rest of the 30 s
+            assert await proc.wait() == 0
+        said = (await proc.stderr.read()).decode()
+        assert "stopped while starting" in said, said
+        assert "Traceback" not in said, said
