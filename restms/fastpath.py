@@ -20,6 +20,7 @@ from .document import NAMESPACE, ROOT
 from .jsoncodec import NAMES, is_name, json_document, load, may_hold_controls, unique_keys
 from .media import Format
 from .specs import (
+    MAX_TEXT,
     Content,
     ContentHead,
     Duplicate,
@@ -34,6 +35,7 @@ from .specs import (
     embedded,
     header,
     message_head,
+    with_message_id,
 )
 from .xmlcodec import CodecLimits, local_tag, parse_root
 from .xmlscan import SHARED_ATTRIBUTES, Scanned, Tag, scan
@@ -120,7 +122,10 @@ def _from_scan(
     for head_tag, header_tags, content_items in scanned:
         head = heads.get(head_tag)
         if head is None:
-            head = _remember(heads, head_tag, message_head(_attrs(head_tag, most)))
+            attrs = _attrs(head_tag, most)
+            head = _head(attrs)
+            if "message_id" not in attrs:  # (a tag with an id is seldom seen again)
+                _remember(heads, head_tag, head)
         headers = (
             [
                 known_headers.get(tag) or _remember(known_headers, tag, header(_attrs(tag, most)))
@@ -224,19 +229,27 @@ _PARTS = ("header", "content")  # a message's child elements, not properties
 _ABSENT: list[Any] = []  # what a message without headers or contents has (never changed)
 # JSON elements are fresh objects, so what a message's properties say is remembered by
 # their items, while they are few and short (clients choose them; the memo stays
-# small), and a content's type and encoding by their values.
-_JSON_HEADS: dict[tuple[tuple[str, str], ...], Head] = {}
+# small), and a content's type and encoding by their values. A message_id is left out
+# of what is remembered (each message has its own: the memo would fill with heads never
+# seen again) and added to the rest's head.
+_ATTR_HEADS: dict[tuple[tuple[str, str], ...], Head] = {}
 _JSON_CONTENTS: dict[tuple[str | None, str | None, str | None], ContentHead] = {}
 
 
-def _json_head(attrs: dict[str, str]) -> Head:
+def _head(attrs: dict[str, str]) -> Head:
+    """:func:`~restms.specs.message_head` of ``attrs``, remembered without the id."""
     key = tuple(attrs.items())
-    head = _JSON_HEADS.get(key)
-    if head is None:
-        head = message_head(attrs)
-        size = sum(map(len, attrs.values())) + sum(map(len, attrs))  # names are clients' too
-        if len(key) <= 4 and len(_JSON_HEADS) < 1024 and size <= 256:
-            _JSON_HEADS[key] = head
+    head = _ATTR_HEADS.get(key)
+    if head is not None:
+        return head
+    message_id = attrs.get("message_id")
+    if message_id is not None and len(message_id) <= MAX_TEXT:  # (a longer one: refused)
+        rest = {name: value for name, value in attrs.items() if name != "message_id"}
+        return with_message_id(_head(rest), message_id)
+    head = message_head(attrs)
+    size = sum(map(len, attrs.values())) + sum(map(len, attrs))  # names are clients' too
+    if len(key) <= 4 and len(_ATTR_HEADS) < 1024 and size <= 256:
+        _ATTR_HEADS[key] = head
     return head
 
 
@@ -289,7 +302,7 @@ def _from_json(
             contents.append(found if isinstance(found, LinkedContent) else embedded(found, text))
         if tally:
             elements += 1 + len(headers) + len(contents)
-        out.append(checked_message(_json_head(attrs), headers, contents, limits))
+        out.append(checked_message(_head(attrs), headers, contents, limits))
     if elements > codec.max_elements or not unique_keys(body, keys + sum(map(len, items))):
         return None  # a repeated key too: the generic path words the refusal
     return tuple(out)

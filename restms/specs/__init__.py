@@ -43,6 +43,7 @@ from ._read_messages import (
     message,
     message_head,
     messages,
+    with_message_id,
 )
 from ._read_resources import creation, join, pipe_options, update, webhook_options
 from ._resources import FeedSpec, JoinSpec, PipeOptions, PipeSpec, Update
@@ -107,4 +108,5 @@ __all__ = [
     "pipe_options",
     "update",
     "webhook_options",
+    "with_message_id",
 ]

@@ -429,3 +429,47 @@ def test_xml_fast_path_leaves_a_property_written_as_a_child_to_the_refusal(
     with pytest.raises(RestMSError, match=f"of {reason} must be an attribute") as refused:
         fastpath.messages(body, Format.XML, CODEC, LIMITS)
     assert refused.value.status == 400
+
+
+# ---------------------------------------------------------------- message heads with ids
+PROPERTY_NAMES = ["address", *specs.MESSAGE_PROPERTIES]
+near_max = st.text(min_size=specs.MAX_TEXT - 2, max_size=specs.MAX_TEXT + 2)
+property_values = st.one_of(text, st.sampled_from(SAMPLES), near_max)
+
+
+def _head_or_refusal(make: Callable[[], Any]) -> Any:
+    try:
+        return make()
+    except RestMSError as exc:
+        return type(exc), str(exc)
+
+
+@given(st.dictionaries(st.sampled_from(PROPERTY_NAMES), property_values, max_size=6))
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+def test_a_head_remembered_without_its_id_is_the_head(attrs: dict[str, str]) -> None:
+    """A message's head read as the rest (remembered) plus its message_id is the head
+    read whole, and a refusal is the same refusal."""
+    assert _head_or_refusal(lambda: fastpath._head(attrs)) == _head_or_refusal(lambda: specs.message_head(attrs))
+
+
+def test_messages_with_ids_of_their_own_leave_the_memo_to_other_heads() -> None:
+    """Heads with message ids are not remembered (each is seen once): after thousands
+    of them, a new address is still remembered, in JSON and in XML."""
+    limits = specs.MessageLimits()
+
+    def batch(ids: range, address: str) -> list[dict[str, str]]:
+        return [{"address": address, "message_id": f"id-{i}"} for i in ids]
+
+    for first in range(0, 3000, 500):  # more ids than the memo holds
+        body = json.dumps({"restms": {"message": batch(range(first, first + 500), "a.b")}})
+        fastpath.messages(body.encode(), Format.JSON, CodecLimits(), limits)
+    new = {"address": f"fresh.{len(fastpath._ATTR_HEADS)}"}
+    fastpath.messages(
+        json.dumps({"restms": {"message": [new]}}).encode(), Format.JSON, CodecLimits(), limits
+    )
+    assert tuple(new.items()) in fastpath._ATTR_HEADS
+    remembered = len(fastpath._HEADS)
+    tags = "".join(f'<message address="x.y" message_id="t-{i}"/>' for i in range(3000))
+    xml = f'<restms xmlns="http://www.restms.org/schema/restms">{tags}</restms>'.encode()
+    fastpath.messages(xml, Format.XML, CodecLimits(), specs.MessageLimits(max_messages=3000))
+    assert len(fastpath._HEADS) == remembered
