@@ -449,7 +449,9 @@ def _head_or_refusal(make: Callable[[], Any]) -> Any:
 def test_a_head_remembered_without_its_id_is_the_head(attrs: dict[str, str]) -> None:
     """A message's head read as the rest (remembered) plus its message_id is the head
     read whole, and a refusal is the same refusal."""
-    assert _head_or_refusal(lambda: fastpath._head(attrs)) == _head_or_refusal(lambda: specs.message_head(attrs))
+    assert _head_or_refusal(lambda: fastpath._head(attrs)) == _head_or_refusal(
+        lambda: specs.message_head(attrs)
+    )
 
 
 def test_messages_with_ids_of_their_own_leave_the_memo_to_other_heads() -> None:
