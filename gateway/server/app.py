@@ -16,7 +16,8 @@ from gateway.admin import analytics, bridging, metrics, mirroring, page
 from gateway.admin import api as admin
 from gateway.admin.bridging import BRIDGES, bridges_context, make_registry
 from gateway.auth import oauth
-from gateway.auth.authn import AUTH, Authenticator, auth_context
+from gateway.auth.authn import AUTH, Authenticator
+from gateway.auth.startup import auth_context
 from gateway.restms import resources
 from gateway.restms.idempotency import RedisReplies, Replies, ReplyStore
 from gateway.restms.websocket import FRAMES, Frames

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.auth.authn import issuer_url
+from gateway.auth.startup import issuer_url
 from gateway.server.config import Config, ConfigError, load
 from gateway.server.hosts import split_host
 
