@@ -17,8 +17,11 @@ Two gateways on 127.0.0.1: B, and A with a push link of its ``news`` feed to B's
   the time from the first publish until A's link has had the last one acknowledged.
 
 With ``--pull``, also **pull**: B's pull link of A's ``pulled`` feed, timed as the push
-link is (the messages wait in its pipe on A while B is stopped), with a tenth of
-``--count`` (it reads a message at a time).
+link is (the messages wait in its pipe on A while B is stopped), with ``--pull-count``
+messages (a tenth of ``--count`` by default). ``--only-pull`` runs only **direct** and
+**pull** (no push link runs, no latency), and ``--root DIR`` runs both gateways from
+another checkout (another commit's worktree), so the pull links of two commits can be
+timed in turns, on this checkout's benchmark.
 
 Each run also reports the CPU time each gateway spent per message (from /proc), a
 figure steadier than rates on a shared machine. A's acknowledged count is read from
@@ -29,7 +32,7 @@ Then ``--latency`` single messages, one at a time, from a publish (to A, or to B
 directly) until a GET waiting on the asynclet of a pipe on B returns it: p50 and p99.
 
     .venv/bin/python -m bench.federation [--rounds 3] [--count 20000] [--batch 100] \
-        [--ids] [--pull]
+        [--ids] [--pull] [--only-pull] [--pull-count N] [--root DIR]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import uvloop
 
 from bench.common import (
     RESULTS,
+    ROOT,
     Server,
     cpu_seconds,
     free_port,
@@ -142,6 +146,7 @@ async def throughput(
     count: int,
     batch: int,
     ids: bool,
+    pull_count: int = 0,
 ) -> tuple[float, dict[str, float]]:
     """The rate of one run, and the CPU time each gateway spent per message meanwhile
     (microseconds: steadier than rates on a shared machine)."""
@@ -155,9 +160,9 @@ async def throughput(
             return count / (time.perf_counter() - started), usage.per(count)
         if side == "warm":
             return await warm(http, a, b, docs, count)
-        if side == "pull":  # a tenth: it reads a message at a time
-            part = docs[: max(1, len(docs) // 10)]
-            return await pulled(http, a, b, part, min(count, len(part) * batch))
+        if side == "pull":
+            part = documents(pull_count, batch, secrets.token_hex(4), ids)
+            return await pulled(http, a, b, part, pull_count)
         before = await acked(http, a.base)
         if side == "end_to_end":
             usage = Usage(a=a.pid, b=b.pid)
@@ -283,8 +288,8 @@ async def until_acked(
 class Remote:
     """Gateway B, stopped and started again on its port and data directory."""
 
-    def __init__(self, port: int, config: Path, data: Path) -> None:
-        self.port, self.config, self.data = port, config, data
+    def __init__(self, port: int, config: Path, data: Path, root: Path) -> None:
+        self.port, self.config, self.data, self.root = port, config, data, root
         self.server: Server | None = None
 
     @property
@@ -299,7 +304,12 @@ class Remote:
     def start(self) -> None:
         extra = ("--config", str(self.config))
         self.server = Server(
-            "gateway", data_dir=str(self.data), name="federation-b", port=self.port, extra=extra
+            "gateway",
+            data_dir=str(self.data),
+            name="federation-b",
+            port=self.port,
+            extra=extra,
+            root=self.root,
         )
         self.server.wait_ready()
 
@@ -346,23 +356,29 @@ SIDES = ("direct", "link", "warm", "end_to_end")
 
 
 async def run(args: argparse.Namespace, a: Server, b: Remote) -> dict[str, Any]:
-    sides = (*SIDES, "pull") if args.pull else SIDES
+    sides = ("direct", "pull") if args.only_pull else (*SIDES, "pull") if args.pull else SIDES
+    pull_count = args.pull_count or max(1, args.count // 10)
     rates: dict[str, list[float]] = {side: [] for side in sides}
     cpu: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
     lat: dict[str, list[float]] = {"direct": [], "link": []}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as http:
-        await throughput(http, a, b, "end_to_end", 2000, args.batch, args.ids)  # warm-up
-        if args.pull:
+        if not args.only_pull:
+            await throughput(http, a, b, "end_to_end", 2000, args.batch, args.ids)  # warm-up
+        if "pull" in sides:
             await pull_ready(http, a, b)
         for n in range(args.rounds):
             order = sides if n % 2 == 0 else sides[::-1]
             for side in order:
-                rate, used = await throughput(http, a, b, side, args.count, args.batch, args.ids)
+                rate, used = await throughput(
+                    http, a, b, side, args.count, args.batch, args.ids, pull_count
+                )
                 rates[side].append(rate)
                 cpu[side].append(used)
                 shown = ", ".join(f"{name} {us:.1f}" for name, us in used.items())
                 log(f"  round {n + 1}/{args.rounds} {side:10s} {rate:,.0f} msg/s ({shown} us CPU)")
-            for side in ("direct", "link") if n % 2 == 0 else ("link", "direct"):
+            for side in (
+                () if args.only_pull else ("direct", "link") if n % 2 == 0 else ("link", "direct")
+            ):
                 lat[side].extend(await latency(http, a.base, b.url, side, args.latency))
     return {
         "rates": rates,
@@ -395,14 +411,29 @@ def main() -> int:
     )
     parser.add_argument("--pull", action="store_true", help="also time B's pull link from A")
     parser.add_argument("--link-batch", type=int, default=500, help="the links' batch")
+    parser.add_argument(
+        "--only-pull", action="store_true", help="time only direct publishing and the pull link"
+    )
+    parser.add_argument(
+        "--pull-count", type=int, default=0, help="messages a pull run (a tenth of --count)"
+    )
+    parser.add_argument(
+        "--root", type=Path, default=ROOT, help="the checkout whose gateways run (this one)"
+    )
     args = parser.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
     a_port, b_port = free_port(), free_port()
     directory = Path(RESULTS / f"federation-{secrets.token_hex(3)}")
     directory.mkdir()
     a_conf, b_conf = configs(directory, a_port, b_port, args.link_batch)
-    a = Server("gateway", name="federation-a", port=a_port, extra=("--config", str(a_conf)))
-    b = Remote(b_port, b_conf, directory / "b-data")
+    a = Server(
+        "gateway",
+        name="federation-a",
+        port=a_port,
+        extra=("--config", str(a_conf)),
+        root=args.root,
+    )
+    b = Remote(b_port, b_conf, directory / "b-data", args.root)
     b.start()
     a.wait_ready()
     try:
@@ -411,8 +442,15 @@ def main() -> int:
         stop_all()
     out["machine"] = machine()
     out["args"] = vars(args)
-    print(json.dumps(out, indent=1))
+    print(json.dumps(out, indent=1, default=str))
     ratios, cpu = out["ratio_median"], out["cpu_us_per_message_median"]
+    if args.only_pull:
+        log(
+            f"pull link against direct (medians of {args.rounds}): {ratios['pull']:.3f}, "
+            f"{statistics.median(out['rates']['pull']):,.0f} msg/s; CPU us/msg: direct B "
+            f"{cpu['direct']['b']:.1f}, pull A {cpu['pull']['a']:.1f} B {cpu['pull']['b']:.1f}"
+        )
+        return 0
     log(
         f"against direct (medians of {args.rounds}): link {ratios['link']:.2f} "
         f"(B warm: {ratios['warm']:.2f}), "
