@@ -32,6 +32,7 @@ this gateway, or that cannot reach it.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import sys
@@ -55,13 +56,15 @@ from restms.specs import (
 from ..base import CoreCounters, Host, backoff
 from ..common import PipeSide, PublishSide, bridge_pipe_spec
 from .config import FederationConfig
-from .remote import Auth, PipeGone, Refused, Remote, RemoteError, Unavailable
+from .remote import Auth, Events, PipeGone, Refused, Remote, RemoteError, Unavailable
 from .trail import onward, with_origin_id
 
 log = logging.getLogger(__name__)
 
 
 PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
+PLAIN_FOR = 300.0  # seconds a pull link reads a message at a time before asking again
+# for the remote pipe's event stream (the remote offered none)
 # Refusals that say nothing of the message: the remote feed is not there, or the link
 # may not publish to it. Messages wait for the remote (or its operator) to change.
 NOT_THE_MESSAGE = frozenset({403, 404})
@@ -109,6 +112,10 @@ class FederationLink(PipeSide, PublishSide[int]):
         self._task: asyncio.Task[None] | None = None
         self._oldest: float | None = None  # arrival of the oldest message not yet sent
         self._holding = 0  # pull: messages read from the remote, not yet acknowledged there
+        self._read_at: collections.deque[tuple[int, float]] = collections.deque()  # pull:
+        # (messages, when read) of each batch held, oldest first
+        self._next = 1  # pull: the next position of the remote pipe to read
+        self._plain_until = 0.0  # pull: reading a message at a time until then
         self._unacked = 0  # push: messages the remote took, not yet acknowledged here
         self.health.url = config.display_urls[0]
 
@@ -169,6 +176,7 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.health.state.move("stopping")
             self.health.state.move("stopped")
         self._holding = self._unacked = 0
+        self._read_at.clear()
         self._oldest = None
 
     async def forget(self) -> None:
@@ -399,11 +407,15 @@ class FederationLink(PipeSide, PublishSide[int]):
 
     # ------------------------------------------------------------ pull
     async def _pull(self) -> None:
+        """Read the remote pipe until the link stops: from its event stream while the
+        remote offers one (:meth:`_stream_in`), else a read at a time, each batch
+        published here and then acknowledged there."""
         attempt = 0
         pipe: str | None = None
-        position = 1
+        self._next = 1  # the next position to read (1: the oldest the pipe holds)
         if not await self._reach():
             return
+        c = self.config
         while not self._stopping:
             remote = self._remote
             assert remote is not None
@@ -411,10 +423,23 @@ class FederationLink(PipeSide, PublishSide[int]):
                 if pipe is None:
                     pipe = await self._remote_pipe(remote)
                     self._up()
-                read = await remote.read(pipe, position, self.config.batch, self.config.wait)
+                if time.monotonic() >= self._plain_until:
+                    room, idle = 2 * c.batch, c.wait + c.timeout
+                    events = await remote.stream(pipe, self._next - 1, room, idle)
+                    if events is not None:
+                        attempt = 0
+                        self._up()
+                        await self._stream_in(remote, pipe, events)
+                        continue
+                    self._plain_until = time.monotonic() + PLAIN_FOR
+                    log.info(
+                        "federation link %s: the remote offers no event stream of its pipe; "
+                        "reading a message at a time (asked again in %g s)", self.name, PLAIN_FOR,
+                    )  # fmt: skip
+                read = await remote.read(pipe, self._next, c.batch, c.wait)
             except PipeGone as exc:
                 self.health.error(f"the remote pipe is gone, making another: {exc}")
-                pipe, position = None, 1
+                pipe, self._next = None, 1
                 await self._forget_remote_pipe()
                 continue
             except RemoteError as exc:
@@ -425,7 +450,7 @@ class FederationLink(PipeSide, PublishSide[int]):
             except RestMSError as exc:  # this gateway's engine
                 self.health.error(f"cannot keep the remote pipe's address here: {exc}")
                 attempt += 1
-                await self._sleep(backoff(attempt, self.config.retry_min, self.config.retry_max))
+                await self._sleep(backoff(attempt, c.retry_min, c.retry_max))
                 continue
             attempt = 0
             self._up()
@@ -440,9 +465,58 @@ class FederationLink(PipeSide, PublishSide[int]):
             last = read[-1][0]
             if await self._ack_remote(remote, pipe, last):
                 self.counters.acked += len(read)
-                position = last + 1
+                self._next = last + 1
             self._holding = 0
             self._oldest = None
+
+    async def _stream_in(self, remote: Remote, pipe: str, events: Events) -> None:
+        """Take the stream's messages a batch at a time (what came, up to ``batch``)
+        until it ends. Each batch is published here in one engine call, then
+        acknowledged on the remote in one request (up to its last position) while the
+        next is taken and published: one acknowledgement out at a time, and the last
+        seen through before the link waits for more. Raises what ended the stream
+        (:class:`RemoteError`) once the acknowledgement out is done."""
+        c = self.config
+        acking: asyncio.Task[None] | None = None
+        try:
+            while not self._stopping:
+                batch = await events.take(c.batch, c.wait)
+                if not batch:
+                    if acking is not None:
+                        await acking
+                        acking = None
+                    if events.ended:
+                        return
+                    continue
+                self._holding += len(batch)
+                self._read_at.append((len(batch), time.time()))
+                self._oldest = self._read_at[0][1]
+                self.counters.received += len(batch)
+                await self._take_in(pipe, batch)
+                if self._stopping:
+                    return  # not acknowledged: read and published again after a restart
+                self._next = batch[-1][0] + 1
+                if acking is not None:
+                    await acking
+                acking = asyncio.ensure_future(self._ack_batch(remote, pipe, batch[-1][0]))
+        except asyncio.CancelledError:
+            if acking is not None:
+                acking.cancel()
+            raise
+        finally:
+            if acking is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await acking
+            await events.close()
+
+    async def _ack_batch(self, remote: Remote, pipe: str, position: int) -> None:
+        """Acknowledge the oldest batch held, up to ``position``, on the remote."""
+        count, _ = self._read_at[0]
+        if await self._ack_remote(remote, pipe, position):
+            self.counters.acked += count
+        self._read_at.popleft()
+        self._holding = max(0, self._holding - count)
+        self._oldest = self._read_at[0][1] if self._read_at else None
 
     async def _remote_pipe(self, remote: Remote) -> str:
         """The URL of this link's pipe on the remote, joined as the definition says:

@@ -73,6 +73,21 @@ class PipeGone(RemoteError):
 Joins = list[tuple[str, str, tuple[tuple[str, str], ...]]]  # (feed URL, address, headers)
 
 
+class Events(Protocol):
+    """A remote pipe's messages as they come, in order (its event stream)."""
+
+    @property
+    def ended(self) -> bool:
+        """The stream is over and everything it brought was taken: open another."""
+
+    async def take(self, limit: int, wait: float) -> list[tuple[int, MessageSpec]]:
+        """Up to ``limit`` messages with their positions, waiting up to ``wait``
+        seconds for the first; [] when none came. Raises :class:`RemoteError` when
+        the stream failed, once every message read before was taken."""
+
+    async def close(self) -> None: ...
+
+
 class Remote(Protocol):
     """One remote RestMS gateway, as one link sees it."""
 
@@ -108,6 +123,12 @@ class Remote(Protocol):
     ) -> list[tuple[int, MessageSpec]]:
         """Up to ``limit`` messages at ``position`` and after, with their positions,
         waiting up to ``wait`` seconds for the first; [] when none came."""
+
+    async def stream(self, pipe_url: str, after: int, room: int, idle: float) -> Events | None:
+        """The pipe's messages after position ``after``, as they come (holding at
+        most ``room`` not taken; ended after ``idle`` seconds without a word from the
+        remote); None when the remote offers no stream of the pipe (then
+        :meth:`read` it)."""
 
     async def ack(self, pipe_url: str, position: int) -> None:
         """Acknowledge every message of the pipe up to ``position``."""

@@ -57,6 +57,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
+import contextlib
+import logging
 import ssl
 import sys
 import urllib.parse
@@ -70,7 +73,7 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from bridges import tracing
 from bridges.checks import NAME, redact
-from bridges.federation.remote import Auth, PipeGone, Unavailable
+from bridges.federation.remote import Auth, PipeGone, RemoteError, Unavailable
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
 from restms import specs
 from restms.document import Document, Element
@@ -80,7 +83,10 @@ from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
 
 from . import wire
 
+log = logging.getLogger(__name__)
+
 JSON = "application/restms+json"
+EVENTS = "text/event-stream"
 USER_AGENT = "restms-gateway-federation/1"
 EARLIEST = "RestMS-Earliest-Position"  # docs/EXTENSIONS.md §9
 IDENTITY_PATH = "/.well-known/restms-gateway"  # where a gateway says its id
@@ -282,6 +288,53 @@ class HttpRemote:
                     break  # gone meanwhile: the next read goes on from there
                 out.append((p, got))
         return out
+
+    async def stream(self, pipe_url: str, after: int, room: int, idle: float) -> EventStream | None:
+        """The pipe's event stream (docs/EXTENSIONS.md §3) from the message after
+        position ``after`` on, read as it comes (:class:`EventStream`, holding at most
+        ``room`` messages not taken yet, given up after ``idle`` seconds without a
+        line); None when the remote does not stream the pipe (a RestMS server
+        without the extension answers with the pipe document): the caller reads
+        with :meth:`read` then. :class:`PipeGone` when the pipe is gone."""
+        where = f"GET {redact(pipe_url)} (event stream)"
+        headers = {"Accept": EVENTS, "Last-Event-ID": str(after)}
+        token, fresh = await self._bearer()
+        for _ in range(2):
+            if token:
+                headers["Authorization"] = f"Bearer {token}"
+            session = await self._open()
+            reply = await self._opened(session, pipe_url, headers, where)
+            if reply.status == 200 and reply.content_type == EVENTS:
+                return EventStream(self, pipe_url, reply, after=after, room=room, idle=idle)
+            try:
+                answer = wire.Reply(reply.status, reply.headers, await self._read(reply, where))
+            finally:
+                reply.release()
+            if answer.status == 401 and self._auth.token_url and not fresh:
+                token, fresh = await self._bearer(stale=token)
+                continue
+            break
+        if answer.status == 404:
+            raise PipeGone(f"{where}: the pipe is gone")
+        if 200 <= answer.status < 300 or answer.status == 406:
+            return None  # no event streams here
+        wire.check(answer, where)
+        raise Unavailable(f"{where}: unexpected status {answer.status}")
+
+    async def _opened(
+        self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], where: str
+    ) -> aiohttp.ClientResponse:
+        """A GET whose reply's head came within ``timeout`` (its body is read later)."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await session.get(url, headers=headers, allow_redirects=False)
+        except aiohttp.ClientConnectorError as exc:  # before TimeoutError: some are both
+            cause = exc.os_error.strerror or type(exc.os_error).__name__
+            raise Unavailable(f"{where}: cannot connect ({cause})") from exc
+        except TimeoutError as exc:
+            raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
+        except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
+            raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
 
     async def gateway_id(self, feed_url: str) -> str | None:
         """The remote gateway's id (docs/FEDERATION.md, "Gateway ids"), asked at the
@@ -611,6 +664,137 @@ def _literal_check(guard: Guard) -> aiohttp.TraceConfig:
     traces = aiohttp.TraceConfig()
     traces.on_request_start.append(check)
     return traces
+
+
+class EventStream:
+    """A remote pipe's event stream, read as it comes (docs/EXTENSIONS.md §3): the
+    reading side of a pull link's fast path (docs/FEDERATION.md, "Push and pull").
+
+    A task reads the stream in chunks and turns each whole ``message`` event into
+    the message it carries (:func:`wire.plain_message`; linked contents fetched),
+    holding at most ``room`` not taken yet: past that it stops reading, and the
+    remote's writes wait on the connection, so a backlog of any size costs this
+    gateway ``room`` messages of memory. :meth:`take` hands them over in order. The
+    positions must rise: one that does not, an event that is not understood, or a
+    failure of the connection ends the stream with :class:`RemoteError`, raised by
+    :meth:`take` once everything before it was taken, so nothing read is lost and
+    the caller opens the stream again after the last message it took. A
+    ``deleted`` event is :class:`PipeGone`. The stream also ends, without an error
+    (:attr:`ended`), when the remote ends it (its ``stream_max``, an expired token)
+    or when no line, not even a keep-alive, came for ``idle`` seconds."""
+
+    def __init__(
+        self,
+        remote: HttpRemote,
+        pipe_url: str,
+        reply: aiohttp.ClientResponse,
+        *,
+        after: int,
+        room: int,
+        idle: float,
+    ) -> None:
+        self._remote = remote
+        self._pipe_url = pipe_url
+        self._where = f"GET {redact(pipe_url)} (event stream)"
+        self._reply = reply
+        self._last = after  # the position of the last message read
+        self._room = max(room, 1)
+        self._idle = idle
+        self._held: collections.deque[tuple[int, MessageSpec]] = collections.deque()
+        self._came = asyncio.Event()  # a message (or the end) came
+        self._taken = asyncio.Event()  # room was made
+        self._error: RemoteError | None = None
+        self._task = asyncio.create_task(self._run(), name="federation-event-stream")
+
+    @property
+    def ended(self) -> bool:
+        """Whether the stream is over and everything it brought was taken."""
+        return self._task.done() and not self._held
+
+    async def take(self, limit: int, wait: float) -> list[tuple[int, MessageSpec]]:
+        """Up to ``limit`` messages in the pipe's order, waiting up to ``wait`` seconds
+        when none came yet; [] when none did (or the stream ended: :attr:`ended`)."""
+        held = self._held
+        if not held and not self._task.done():
+            self._came.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._came.wait()
+        out = [held.popleft() for _ in range(min(limit, len(held)))]
+        if out:
+            self._taken.set()
+        elif self._task.done() and self._error is not None:
+            raise self._error
+        return out
+
+    async def close(self) -> None:
+        """Stop reading; what was not taken is read again by the next stream."""
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._reply.close()
+
+    async def _run(self) -> None:
+        reply, held, where = self._reply, self._held, self._where
+        limit = self._remote._max_body
+        buffer = b""
+        try:
+            while True:
+                async with asyncio.timeout(self._idle):
+                    chunk = await reply.content.readany()
+                if not chunk:
+                    return  # the remote ended it
+                blocks, buffer = wire.event_blocks(buffer + chunk if buffer else chunk)
+                if len(buffer) > limit:
+                    raise Unavailable(f"{where}: an event larger than {limit} bytes")
+                for block in blocks:
+                    found = await self._event(block)
+                    if found is not None:
+                        held.append(found)
+                if blocks:
+                    self._came.set()
+                while len(held) >= self._room:
+                    self._taken.clear()
+                    await self._taken.wait()
+        except TimeoutError:
+            return  # silent for ``idle`` seconds: opened again, as a long-poll is
+        except RemoteError as exc:
+            self._error = exc
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            self._error = Unavailable(f"{where}: the stream failed ({type(exc).__name__})")
+        finally:
+            reply.close()
+            self._came.set()
+
+    async def _event(self, block: bytes) -> tuple[int, MessageSpec] | None:
+        """The message an event carries, with its position; None for other events."""
+        fields = wire.event_fields(block)
+        if fields is None:
+            return None
+        name, ident, data = fields
+        where = self._where
+        if name == "deleted":
+            raise PipeGone(f"{where}: the pipe was deleted")
+        if name == "gap":
+            log.warning("%s: messages left the pipe unacknowledged: %s", where, wire.reason(
+                wire.Reply(200, {}, data)))  # fmt: skip
+            return None
+        if name != "message":
+            return None  # keep-alives, and what this reader does not need (expired, revoked)
+        found = wire.position(ident)
+        if found is None or found <= self._last:
+            raise Unavailable(f"{where}: an event at position {ident[:20]!r} after {self._last}")
+        url = f"{self._pipe_url}.{found}"
+        try:
+            spec = wire.plain_message(data, _READ_LIMITS)
+        except RestMSError as exc:
+            raise Unavailable(
+                f"{where}: the message at position {found} is not understood: {exc}"
+            ) from exc
+        if spec is None:  # the general reading: linked contents, and the reasons
+            spec = await self._remote._delivered(self._pipe_url, url, wire.Reply(200, {}, data))
+        self._last = found
+        return found, spec
 
 
 # ---------------------------------------------------------------- values

@@ -15,11 +15,12 @@ import orjson
 
 from bridges.checks import redact
 from bridges.federation.remote import Refused, Unavailable
+from restms import specs
 from restms.document import Document, Element
 from restms.errors import RestMSError
 from restms.httpdates import parse_http_date
-from restms.jsoncodec import parse_json
-from restms.specs import Content, EmbeddedContent, MessageSpec
+from restms.jsoncodec import may_hold_controls, parse_json, unique_keys
+from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
 
 MAX_REASON = 500  # characters of a remote's refusal kept
 MAX_RETRY_AFTER = 300.0  # seconds: a longer Retry-After is taken as this
@@ -202,3 +203,104 @@ class EventLines:
         elif name == "id":
             self.id = value
         return None
+
+
+# ---------------------------------------------------------------- event streams
+_PROPERTIES = frozenset(specs.MESSAGE_PROPERTIES)
+# What a content's type and encoding say, by their values: a remote repeats a few.
+_CONTENT_HEADS: dict[tuple[str | None, str | None], specs.ContentHead] = {}
+
+
+def event_blocks(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """The whole events of an event stream's ``buffer`` (each its lines, joined by
+    ``\n``, without the blank line that ends it) and what is left of it, the start
+    of an event to come. Lines may end with CR LF, LF or CR, as the HTML standard
+    allows; a CR at the very end stays in what is left (an LF may follow)."""
+    if 13 in buffer:  # (an int: searched with memchr)
+        keep = buffer.endswith(b"\r")
+        body = buffer[:-1] if keep else buffer
+        buffer = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + (b"\r" if keep else b"")
+    blocks = buffer.split(b"\n\n")
+    rest = blocks.pop()
+    return [block for block in blocks if block], rest
+
+
+def event_fields(block: bytes) -> tuple[str, str, bytes] | None:
+    """An event's name (``message`` when it has none), id and data (its ``data``
+    lines joined by ``\n``); comments and other fields are left out. None for a
+    block without data (a keep-alive comment, a ``retry``): the HTML standard
+    dispatches no event for it."""
+    name, ident, data = b"message", b"", []
+    for line in block.split(b"\n"):
+        field_name, _, value = line.partition(b":")
+        if value[:1] == b" ":
+            value = value[1:]
+        if field_name == b"data":
+            data.append(value)
+        elif field_name == b"id":
+            ident = value
+        elif field_name == b"event":
+            name = value
+    if not data:
+        return None
+    return name.decode("utf-8", "replace"), ident.decode("ascii", "replace"), b"\n".join(data)
+
+
+def plain_message(data: bytes, limits: MessageLimits) -> MessageSpec | None:
+    """The message of an event's document ``data`` when it has the plain shape (one
+    message, every property a string, headers, contents embedded), checked as a
+    publish checks its parts (:class:`RestMSError` when one is refused); None when
+    the general reading must decide (:func:`parse_reply`: it fetches linked contents
+    and words every refusal). What the remote adds of its own (``href``, ``feed``,
+    ``delivery_count``) is not kept, as the general reading does not keep it."""
+    if may_hold_controls(data):
+        return None  # strings need the XML character check of the general reading
+    try:
+        document = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    root = document.get("restms") if type(document) is dict else None
+    if type(root) is not dict or len(document) != 1 or len(root) != 1:
+        return None
+    items = root.get("message")
+    if type(items) is not list or len(items) != 1 or type(items[0]) is not dict:
+        return None
+    attrs: dict[str, str] = {}
+    headers: list[tuple[str, str]] = []
+    contents: list[Content] = []
+    keys = 2 + len(items[0])  # every key read, for unique_keys
+    for key, value in items[0].items():
+        if type(value) is str:
+            if key in _PROPERTIES or key == "address":
+                attrs[key] = value
+        elif key == "header" and type(value) is list:
+            for entry in value:
+                if type(entry) is not dict or not _all_strings(entry):
+                    return None
+                keys += len(entry)
+                headers.append(specs.header(entry))
+        elif key == "content" and type(value) is list:
+            for entry in value:
+                if type(entry) is not dict or not _all_strings(entry) or "href" in entry:
+                    return None
+                keys += len(entry)
+                text = entry.get("value")
+                if text is None or "#text" in entry:
+                    return None
+                kind = (entry.get("type"), entry.get("encoding"))
+                found = _CONTENT_HEADS.get(kind)
+                if found is None:
+                    found = specs.content_head(None, *kind)
+                    if len(_CONTENT_HEADS) < 256 and sum(len(part or "") for part in kind) <= 256:
+                        _CONTENT_HEADS[kind] = found
+                assert not isinstance(found, specs.LinkedContent)
+                contents.append(specs.embedded(found, text))
+        else:
+            return None
+    if not unique_keys(data, keys):
+        return None  # a repeated key: the general reading refuses it
+    return specs.checked_message(specs.message_head(attrs), headers, contents, limits)
+
+
+def _all_strings(entry: dict[str, Any]) -> bool:
+    return all(type(value) is str for value in entry.values())
