@@ -63,6 +63,11 @@ log = logging.getLogger(__name__)
 
 
 PIPE_SETTING = "federation/{name}/pipe"  # the remote pipe a pull link reads
+# A pull link waits for its acknowledgements once this many messages published here
+# (or a batch, when larger) wait for them: after a crash they are read and published
+# again, and the feed's deduplication window (dedup_max, 10,000 by default) must hold
+# their ids to route them once.
+UNACKED_MAX = 5000
 PLAIN_FOR = 300.0  # seconds a pull link reads a message at a time before asking again
 # for the remote pipe's event stream (the remote offered none)
 # Refusals that say nothing of the message: the remote feed is not there, or the link
@@ -112,8 +117,10 @@ class FederationLink(PipeSide, PublishSide[int]):
         self._task: asyncio.Task[None] | None = None
         self._oldest: float | None = None  # arrival of the oldest message not yet sent
         self._holding = 0  # pull: messages read from the remote, not yet acknowledged there
-        self._read_at: collections.deque[tuple[int, float]] = collections.deque()  # pull:
-        # (messages, when read) of each batch held, oldest first
+        # pull: (last position, messages, when read) of each batch not yet acknowledged
+        self._read_at: collections.deque[tuple[int, int, float]] = collections.deque()
+        self._published = 0  # pull: the last remote position published here
+        self._acked_upto = 0  # pull: the last remote position acknowledged there
         self._next = 1  # pull: the next position of the remote pipe to read
         self._plain_until = 0.0  # pull: reading a message at a time until then
         self._unacked = 0  # push: messages the remote took, not yet acknowledged here
@@ -471,52 +478,67 @@ class FederationLink(PipeSide, PublishSide[int]):
 
     async def _stream_in(self, remote: Remote, pipe: str, events: Events) -> None:
         """Take the stream's messages a batch at a time (what came, up to ``batch``)
-        until it ends. Each batch is published here in one engine call, then
-        acknowledged on the remote in one request (up to its last position) while the
-        next is taken and published: one acknowledgement out at a time, and the last
-        seen through before the link waits for more. Raises what ended the stream
-        (:class:`RemoteError`) once the acknowledgement out is done."""
+        until it ends, each batch published here in one engine call. Acknowledging
+        on the remote runs beside it (:meth:`_ack_through`): one request out at a
+        time, up to the last position published when it goes, so a remote slow to
+        acknowledge gets fewer, larger ones and holds up neither reading nor
+        publishing; only when more than :func:`_behind` messages wait for it does the
+        link wait. Before the link waits for more messages, and when the stream ends,
+        every acknowledgement is seen through. Raises what ended the stream
+        (:class:`RemoteError`) once that is done."""
         c = self.config
-        acking: asyncio.Task[None] | None = None
+        behind = _behind(c.batch)
+        self._published = self._acked_upto = self._next - 1
+        acker: asyncio.Task[None] | None = None
         try:
             while not self._stopping:
                 batch = await events.take(c.batch, c.wait)
                 if not batch:
-                    if acking is not None:
-                        await acking
-                        acking = None
+                    if acker is not None:
+                        await acker
+                        acker = None
                     if events.ended:
                         return
                     continue
+                last = batch[-1][0]
                 self._holding += len(batch)
-                self._read_at.append((len(batch), time.time()))
-                self._oldest = self._read_at[0][1]
+                self._read_at.append((last, len(batch), time.time()))
+                self._oldest = self._read_at[0][2]
                 self.counters.received += len(batch)
                 await self._take_in(pipe, batch)
                 if self._stopping:
                     return  # not acknowledged: read and published again after a restart
-                self._next = batch[-1][0] + 1
-                if acking is not None:
-                    await acking
-                acking = asyncio.ensure_future(self._ack_batch(remote, pipe, batch[-1][0]))
+                self._next, self._published = last + 1, last
+                if acker is None or acker.done():
+                    acker = asyncio.ensure_future(self._ack_through(remote, pipe))
+                if self._holding > behind:
+                    await acker
+                    acker = None
         except asyncio.CancelledError:
-            if acking is not None:
-                acking.cancel()
+            if acker is not None:
+                acker.cancel()
             raise
         finally:
-            if acking is not None:
+            if acker is not None:
                 with contextlib.suppress(asyncio.CancelledError):
-                    await acking
+                    await acker
             await events.close()
 
-    async def _ack_batch(self, remote: Remote, pipe: str, position: int) -> None:
-        """Acknowledge the oldest batch held, up to ``position``, on the remote."""
-        count, _ = self._read_at[0]
-        if await self._ack_remote(remote, pipe, position):
-            self.counters.acked += count
-        self._read_at.popleft()
-        self._holding = max(0, self._holding - count)
-        self._oldest = self._read_at[0][1] if self._read_at else None
+    async def _ack_through(self, remote: Remote, pipe: str) -> None:
+        """Acknowledge on the remote up to the last position published here, again
+        while more was published meanwhile (each request cumulative: DELETE of
+        ``pipe.<position>``), retrying while the remote is away (:meth:`_ack_remote`)."""
+        while self._acked_upto < self._published and not self._stopping:
+            upto = self._published
+            if not await self._ack_remote(remote, pipe, upto):
+                return  # stopping: read, published and acknowledged again after a restart
+            self._acked_upto = upto
+            held = self._read_at
+            while held and held[0][0] <= upto:
+                _, count, _ = held.popleft()
+                self.counters.acked += count
+                self._holding = max(0, self._holding - count)
+            self._oldest = held[0][2] if held else None
 
     async def _remote_pipe(self, remote: Remote) -> str:
         """The URL of this link's pipe on the remote, joined as the definition says:
@@ -610,6 +632,11 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.counters.retried += 1
                 await self._failed(exc, attempt)
         return False
+
+
+def _behind(batch: int) -> int:
+    """How many messages a pull link publishes ahead of its acknowledgements."""
+    return max(batch, UNACKED_MAX)
 
 
 def outgoing(
