@@ -671,16 +671,18 @@ class EventStream:
     reading side of a pull link's fast path (docs/FEDERATION.md, "Push and pull").
 
     A task reads the stream in chunks and turns each whole ``message`` event into
-    the message it carries (:func:`wire.plain_message`; linked contents fetched),
-    holding at most ``room`` not taken yet: past that it stops reading, and the
+    the message it carries (:func:`wire.plain_message`; else the general reading,
+    which fetches linked contents). It holds at most ``room`` messages not taken
+    yet (and those of the last chunk read): past that it stops reading, and the
     remote's writes wait on the connection, so a backlog of any size costs this
-    gateway ``room`` messages of memory. :meth:`take` hands them over in order. The
-    positions must rise: one that does not, an event that is not understood, or a
-    failure of the connection ends the stream with :class:`RemoteError`, raised by
-    :meth:`take` once everything before it was taken, so nothing read is lost and
-    the caller opens the stream again after the last message it took. A
-    ``deleted`` event is :class:`PipeGone`. The stream also ends, without an error
-    (:attr:`ended`), when the remote ends it (its ``stream_max``, an expired token)
+    gateway that much memory. :meth:`take` hands them over in order.
+
+    The positions must rise: one that does not, an event that is not understood,
+    or a failure of the connection ends the stream with :class:`RemoteError`,
+    raised by :meth:`take` once everything read before was taken, so nothing is
+    lost: the caller opens the stream again after the last message it took. A
+    ``deleted`` event is :class:`PipeGone`. The stream also ends without an error
+    (:attr:`ended`) when the remote ends it (its ``stream_max``, an expired token)
     or when no line, not even a keep-alive, came for ``idle`` seconds."""
 
     def __init__(
@@ -751,8 +753,7 @@ class EventStream:
                     found = await self._event(block)
                     if found is not None:
                         held.append(found)
-                if blocks:
-                    self._came.set()
+                        self._came.set()
                 while len(held) >= self._room:
                     self._taken.clear()
                     await self._taken.wait()
@@ -792,7 +793,10 @@ class EventStream:
                 f"{where}: the message at position {found} is not understood: {exc}"
             ) from exc
         if spec is None:  # the general reading: linked contents, and the reasons
-            spec = await self._remote._delivered(self._pipe_url, url, wire.Reply(200, {}, data))
+            try:
+                spec = await self._remote._delivered(self._pipe_url, url, wire.Reply(200, {}, data))
+            except Unavailable as exc:
+                raise Unavailable(f"{where}: {exc}", exc.retry_after) from exc
         self._last = found
         return found, spec
 
