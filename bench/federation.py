@@ -121,11 +121,14 @@ async def reader(http: aiohttp.ClientSession, base: str, feed: str = "news") -> 
     return str(pipe)
 
 
-async def acked(http: aiohttp.ClientSession, base: str, bridge: str = "to-b") -> float:
-    """Messages the gateway at ``base``'s link ``bridge`` has acknowledged."""
+async def acked(
+    http: aiohttp.ClientSession, base: str, bridge: str = "to-b", counter: str = "acked"
+) -> float:
+    """Messages the gateway at ``base``'s link ``bridge`` has acknowledged (or another
+    of its counters)."""
     async with http.get(f"{base}/metrics") as r:
         for line in (await r.text()).splitlines():
-            if line.startswith(f'restms_bridge_acked_total{{bridge="{bridge}"}}'):
+            if line.startswith(f'restms_bridge_{counter}_total{{bridge="{bridge}"}}'):
                 return float(line.rpartition(" ")[2])
     return 0.0
 
@@ -214,12 +217,14 @@ async def pulled(
     http: aiohttp.ClientSession, a: Server, b: Remote, docs: list[bytes], count: int
 ) -> tuple[float, dict[str, float]]:
     """B's pull link's own pace: the messages wait in its pipe on A while B is
-    stopped; the rate is from B's first acknowledgement on A to its last (counted by
-    B's link, which starts from 0 with B)."""
+    stopped; the rate is from B's first publish of what it read (its first batch) to
+    its last acknowledgement on A (counted by B's link, which starts from 0 with B).
+    Not from its first acknowledgement: a link may publish several batches ahead of
+    its acknowledgements, and their work would not be counted."""
     await asyncio.to_thread(b.stop)
     await publish_all(http, f"{a.base}/restms/feed/pulled", docs)
     await asyncio.to_thread(b.start)
-    first = await moved(http, b.url, 0.0, "from-a")
+    first = await moved(http, b.url, 0.0, "from-a", "published")
     usage = Usage(a=a.pid, b=b.pid)
     started = time.perf_counter()
     await until_acked(http, b.url, count, "from-a")
@@ -255,11 +260,16 @@ class Usage:
 
 
 async def moved(
-    http: aiohttp.ClientSession, base: str, before: float, bridge: str = "to-b"
+    http: aiohttp.ClientSession,
+    base: str,
+    before: float,
+    bridge: str = "to-b",
+    counter: str = "acked",
 ) -> float:
-    """The link's acknowledged count once it is past ``before`` (B is back)."""
+    """The link's acknowledged count (or ``counter``) once it is past ``before`` (B is
+    back)."""
     for _ in range(1500):  # 30 s
-        now = await acked(http, base, bridge)
+        now = await acked(http, base, bridge, counter)
         if now > before:
             return now
         await asyncio.sleep(0.02)  # (each look costs A, as in until_acked)
