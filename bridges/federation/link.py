@@ -20,9 +20,13 @@ the ones refused, which go to the dead-letter feed with the remote's reason.
 **Pull** (``direction = "in"``). The link keeps a pipe of its own on the remote
 gateway, joined to the remote feed, and remembers its URL in the engine's settings
 (``federation/<link>/pipe``), so a restart, or another node of a cluster, goes on
-reading the same pipe. It reads the pipe in order (a long-poll on its asynclet),
-publishes each batch into the local feed, and acknowledges it on the remote only after
-the local publish committed. The loop rules apply as if the remote had pushed.
+reading the same pipe. It reads the pipe in order from its event stream (one
+long-lived request; from a remote without one, a long-poll on its asynclet and a GET
+a message), publishes each batch of what came into the local feed in one engine call,
+and acknowledges it on the remote only after the local publish committed: one
+cumulative DELETE out at a time, beside the reading and publishing, up to
+:data:`UNACKED_MAX` messages behind them. The loop rules apply as if the remote had
+pushed.
 
 Push suits a site that may only open connections outward (behind a firewall) and can
 hold the remote's credentials; pull suits a remote that must not hold credentials for

@@ -35,6 +35,12 @@ log line or an error, and URLs in errors have their password redacted.
 **Outcomes** are those of :mod:`bridges.federation.remote` (Unavailable, Refused,
 PipeGone); foreign exceptions are converted here (``raise ... from``).
 
+**Streaming** (docs/EXTENSIONS.md §3). :meth:`HttpRemote.stream` opens the pipe's
+event stream from a position on, and :class:`EventStream` reads it as it comes: the
+way a pull link reads a remote that offers it. A remote that answers the stream's
+GET with anything but an event stream (the pipe document, 406) offers none: the link
+reads as below.
+
 **Reading** (docs/PROTOCOL.md §6, docs/EXTENSIONS.md §3 *Gaps*). A read GETs the
 message at its position; while that is the pipe's asynclet the remote holds the
 request until a message arrives, and the client gives up after ``wait`` seconds (or
