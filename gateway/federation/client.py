@@ -683,13 +683,14 @@ class EventStream:
     remote's writes wait on the connection, so a backlog of any size costs this
     gateway that much memory. :meth:`take` hands them over in order.
 
-    The positions must rise: one that does not, an event that is not understood,
-    or a failure of the connection ends the stream with :class:`RemoteError`,
-    raised by :meth:`take` once everything read before was taken, so nothing is
-    lost: the caller opens the stream again after the last message it took. A
-    ``deleted`` event is :class:`PipeGone`. The stream also ends without an error
-    (:attr:`ended`) when the remote ends it (its ``stream_max``, an expired token)
-    or when no line, not even a keep-alive, came for ``idle`` seconds."""
+    The positions must rise (the first may be anywhere): one that does not, an
+    event that is not understood, or a failure of the connection ends the stream
+    with :class:`RemoteError`, raised by :meth:`take` once everything read before
+    was taken, so nothing is lost: the caller opens the stream again after the
+    last message it took. A ``deleted`` event is :class:`PipeGone`. The stream also
+    ends without an error (:attr:`ended`) when the remote ends it (its
+    ``stream_max``, an expired token) or when no line, not even a keep-alive, came
+    for ``idle`` seconds."""
 
     def __init__(
         self,
@@ -705,7 +706,7 @@ class EventStream:
         self._pipe_url = pipe_url
         self._where = f"GET {redact(pipe_url)} (event stream)"
         self._reply = reply
-        self._last = after  # the position of the last message read
+        self._last = 0  # the position of the last message read (0: none yet)
         self._room = max(room, 1)
         self._idle = idle
         self._held: collections.deque[tuple[int, MessageSpec]] = collections.deque()
@@ -789,6 +790,9 @@ class EventStream:
         if name != "message":
             return None  # keep-alives, and what this reader does not need (expired, revoked)
         found = wire.position(ident)
+        # The first may be at or before ``after``: a pipe that never issued that
+        # position starts from the oldest message it holds (EXTENSIONS.md §3: repeats,
+        # never a gap), and the feed's deduplication window takes the repeats.
         if found is None or found <= self._last:
             raise Unavailable(f"{where}: an event at position {ident[:20]!r} after {self._last}")
         url = f"{self._pipe_url}.{found}"

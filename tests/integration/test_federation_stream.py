@@ -106,6 +106,16 @@ async def test_messages_come_in_order_whatever_the_line_endings(
             await events.close()
     assert shown(got) == [(n, f"a{n}", f"m{n}") for n in (2, 3, 4)]
     spec = got[0][1]
+    # A stream that starts before the position asked for (a pipe that never issued it
+    # starts from the oldest message it holds) is taken from there.
+    fake.answer = streaming(event(1) + event(2))
+    async with remote(Auth(bearer="b")) as client:
+        events = await client.stream(f"{fake.url}{PIPE}", 57, room=10, idle=5.0)
+        assert events is not None
+        try:
+            assert [p for p, _ in await taken(events, 2)] == [1, 2]
+        finally:
+            await events.close()
     assert spec.props == (("message_id", "id:2"),)
     assert spec.headers == (("h", "v2"),)
 
