@@ -1,7 +1,8 @@
 """Pull links reading a backlog from their remote pipe's event stream, between
 gateways in processes of their own (tests/sites.py): every message arrives once, in
 the order published, and a puller killed with SIGKILL while it drains loses and
-repeats nothing.
+repeats nothing; from a RestMS server without event streams (a gateway behind a
+proxy that refuses them), the link reads a message at a time.
 
 The reader pipe on B is durable and the messages persistent, so it keeps what came
 across B's restarts (and B's deduplication windows are refilled from it); it is read
@@ -18,8 +19,10 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from aiohttp import web
 
-from tests.sites import JSON, Client, Link, Site, sites
+from auth.clients import hash_secret
+from tests.sites import JSON, SECRET, Client, Link, Site, free_port, sites, write_configs
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -140,3 +143,83 @@ async def test_the_puller_killed_while_it_drains_loses_and_repeats_nothing(
     # B's link, restarted, acknowledged on A what it had not before the kill (all of
     # it when the kill came before the first acknowledgement was answered).
     assert 0 < counters[("acked", "in-A")] <= len(sent)
+
+
+class NoStreams:
+    """A reverse proxy on 127.0.0.1 in front of ``target`` that answers a request for
+    an event stream with 406, as a RestMS server without that extension may, and
+    passes everything else on, the target's URLs in replies named by the proxy's."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.url = ""
+        self.refused = 0  # event stream requests
+        self.messages = 0  # GETs of one message
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.handle)
+        # A request its client left (a long-poll given up) is not waited for at the end.
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if "text/event-stream" in request.headers.get("Accept", ""):
+            self.refused += 1
+            return web.Response(status=406, text="no event streams here")
+        if request.method == "GET" and "." in request.path.rpartition("/")[2]:
+            self.messages += 1
+        dropped = ("host", "content-length", "accept-encoding")  # (bodies are rewritten)
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                request.method,
+                self.target + request.path_qs,
+                data=await request.read(),
+                headers=headers,
+                allow_redirects=False,
+            ) as r,
+        ):
+            body = (await r.read()).replace(self.target.encode(), self.url.encode())
+            kept = ("Content-Type", "Retry-After", "RestMS-Earliest-Position")
+            out = {k: r.headers[k] for k in kept if k in r.headers}
+            if "Location" in r.headers:
+                out["Location"] = r.headers["Location"].replace(self.target, self.url)
+            return web.Response(status=r.status, body=body, headers=out)
+
+
+async def test_a_remote_without_event_streams_is_read_a_message_at_a_time(
+    tmp_path: Path, client: Client
+) -> None:
+    async with sites(tmp_path, "A", []) as running:
+        a = running["A"]
+        proxy = NoStreams(a.url)
+        await proxy.start()
+        b = Site("B", free_port(), tmp_path / "B", tmp_path / "B.toml")
+        there = (
+            ("remote", f"{proxy.url}/restms/feed/news"),
+            ("token_url", f"{proxy.url}/oauth/token"),
+        )
+        link = Link("B", "A", direction="in", extra=(("batch", 10), *there))
+        await asyncio.to_thread((tmp_path / "B").mkdir)
+        write_configs({"A": a, "B": b}, [link], await asyncio.to_thread(hash_secret, SECRET))
+        try:
+            await b.start()
+            pipe = await client.reader(b)
+            sent = await backlog(client, a, 60)
+            got = await streamed(client, pipe, len(sent), WITHIN)
+        finally:
+            await b.stop()
+            await proxy.stop()
+            await asyncio.to_thread((tmp_path / "B.log").write_bytes, b"".join(b.logs))
+    assert got == sent  # each once, in order
+    assert proxy.refused >= 1
+    assert proxy.messages >= len(sent)  # a GET each
