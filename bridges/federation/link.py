@@ -447,7 +447,7 @@ class FederationLink(PipeSide, PublishSide[int]):
                         "federation link %s: the remote offers no event stream of its pipe; "
                         "reading a message at a time (asked again in %g s)", self.name, PLAIN_FOR,
                     )  # fmt: skip
-                read = await remote.read(pipe, self._next, c.batch, c.wait)
+                read = await remote.read(pipe, self._next, c.batch, c.wait, streams=False)
             except PipeGone as exc:
                 self.health.error(f"the remote pipe is gone, making another: {exc}")
                 pipe, self._next = None, 1

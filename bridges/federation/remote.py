@@ -119,10 +119,11 @@ class Remote(Protocol):
         """The pipe's joins; None when the pipe is gone."""
 
     async def read(
-        self, pipe_url: str, position: int, limit: int, wait: float
+        self, pipe_url: str, position: int, limit: int, wait: float, *, streams: bool = True
     ) -> list[tuple[int, MessageSpec]]:
         """Up to ``limit`` messages at ``position`` and after, with their positions,
-        waiting up to ``wait`` seconds for the first; [] when none came."""
+        waiting up to ``wait`` seconds for the first; [] when none came. ``streams``
+        False: the remote offers no event stream, not to be asked."""
 
     async def stream(self, pipe_url: str, after: int, room: int, idle: float) -> Events | None:
         """The pipe's messages after position ``after``, as they come (holding at

@@ -242,14 +242,16 @@ class HttpRemote:
             raise Unavailable(f"{where}: the reply is not understood: {exc}") from exc
 
     async def read(
-        self, pipe_url: str, position: int, limit: int, wait: float
+        self, pipe_url: str, position: int, limit: int, wait: float, *, streams: bool = True
     ) -> list[tuple[int, MessageSpec]]:
         """Messages at ``position`` and after (up to ``limit``), waiting up to ``wait`` s
         when none; [] after the wait (or the remote's ``max_wait``, when shorter).
 
         The first position returned is later than ``position`` when the messages
         between are gone (a gap the caller may report), or the pipe's next position
-        when ``position`` is past every position the remote has issued."""
+        when ``position`` is past every position the remote has issued. Without
+        ``streams`` (the remote is known to have no event streams) the messages after
+        the first are not asked of the pipe's event stream."""
         if limit < 1:
             raise ValueError("a read needs a limit of at least 1")
         loop = asyncio.get_running_loop()
@@ -280,7 +282,7 @@ class HttpRemote:
             after = [p for p in listing.held if p > position][: limit - 1]
             if not after:
                 return out
-            streamed = await self._streamed(pipe_url, position, after[-1])
+            streamed = await self._streamed(pipe_url, position, after[-1]) if streams else None
             if streamed is not None:
                 return out + streamed
             gate = asyncio.Semaphore(AT_ONCE)
