@@ -341,6 +341,8 @@ class HttpRemote:
             raise Unavailable(f"{where}: cannot connect ({cause})") from exc
         except TimeoutError as exc:
             raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
+        except RefusedAddress as exc:  # an address literal the guard refuses (_open)
+            raise Unavailable(f"{where}: cannot connect ({exc})") from exc
         except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
             raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
 
