@@ -1,4 +1,4 @@
-#!lua name=restms_v5
+#!lua name=restms_v6
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -517,37 +517,88 @@ local function sweep(keys, args)
 end
 
 -- ---------------------------------------------------------------- owners
--- One node runs each webhook pipe's deliveries (feeds/redis/owners.py). Slot {<ns>:own}:
--- KEYS[1] the fencing counter, then one lock per thing owned, holding "<node> <token>".
--- ARGV: the node, the lock's life in ms. A free lock is taken with a new token (from
--- the counter: it only grows), one the node holds is renewed. Returns per lock the
--- node's token, 0 where another node holds it.
+-- One node runs each webhook pipe's deliveries, and each bridge (feeds/redis/owners.py).
+-- Slot {<ns>:own}: KEYS[1] the fencing counter, KEYS[2] the live nodes (a sorted set:
+-- member the node, score when its registration runs out, in the master's clock, as
+-- the locks' own expiry is), KEYS[3] how many things each live node holds (a hash),
+-- then one lock per thing owned, holding "<node> <token>".
+-- ARGV: the node, the lock's life in ms, how many things the node knows in all
+-- (webhook pipes and bridges), how many it holds besides these locks, the slack (0 in
+-- a round; 1 for a thing just made or started on the node), and '1' when the node
+-- counts among the live (it runs webhook pipes), else '0'.
+-- The node's share is ceil(things / live nodes). Every lock the node holds is renewed
+-- (the node frees its excess itself, once it stopped what those run); a free lock is
+-- taken with a new token (from the counter: it only grows) while the node holds fewer
+-- than its share plus the slack. Returns {live nodes, share, the fewest things a live
+-- node holds (as each last said), then per lock the node's token, 0 where another node
+-- holds it or the node took no more}.
 local function own(keys, args)
-  local node, ttl = args[1], args[2]
-  local out = {}
-  for i = 2, #keys do
+  local fence, live, counts, node = keys[1], keys[2], keys[3], args[1]
+  local ttl, things, mine, slack = num(args[2]), num(args[3]), num(args[4]), num(args[5])
+  local clock = redis.call('TIME')
+  local now = num(clock[1]) * 1000 + math.floor(num(clock[2]) / 1000)
+  if args[6] == '1' then
+    redis.call('ZADD', live, now + ttl, node)
+  end
+  local expired = redis.call('ZRANGEBYSCORE', live, '-inf', now)
+  if #expired > 0 then
+    redis.call('ZREM', live, unpack(expired))
+    redis.call('HDEL', counts, unpack(expired))
+  end
+  local nodes = math.max(redis.call('ZCARD', live), 1)
+  local share = math.ceil(things / nodes)
+  local out, free = {nodes, share, 0}, {}
+  for i = 4, #keys do
     local held = redis.call('GET', keys[i])
     local token = 0
     if not held then
-      token = redis.call('INCR', keys[1])
-      redis.call('SET', keys[i], node .. ' ' .. token, 'PX', ttl)
+      free[#free + 1] = i
     else
       local who, was = string.match(held, '^(.*) (%d+)$')
       if who == node then
         token = num(was)
+        mine = mine + 1
         redis.call('PEXPIRE', keys[i], ttl)
       end
     end
-    out[#out + 1] = token
+    out[i] = token
   end
+  for _, i in ipairs(free) do
+    if mine >= share + slack then
+      break
+    end
+    local token = redis.call('INCR', fence)
+    redis.call('SET', keys[i], node .. ' ' .. token, 'PX', ttl)
+    out[i] = token
+    mine = mine + 1
+  end
+  if args[6] == '1' then
+    redis.call('HSET', counts, node, mine)
+  end
+  local least = nil
+  local members = redis.call('ZRANGE', live, 0, -1)
+  if #members > 0 then
+    for _, count in ipairs(redis.call('HMGET', counts, unpack(members))) do
+      if least == nil or num(count) < least then
+        least = num(count)
+      end
+    end
+  end
+  out[3] = least or 0
   return out
 end
 
--- KEYS: locks. ARGV: the node. Frees those the node holds (a node that stops hands its
--- pipes over at once rather than after the locks' life).
+-- KEYS: the live nodes and their counts (own), then locks. ARGV: the node, and '1'
+-- when it leaves (it no longer counts among the live). Frees the locks the node holds
+-- (a node that stops hands its things over at once rather than after the locks' life;
+-- one over its share hands its excess over). Returns how many it freed.
 local function disown(keys, args)
   local freed = 0
-  for i = 1, #keys do
+  if args[2] == '1' then
+    redis.call('ZREM', keys[1], args[1])
+    redis.call('HDEL', keys[2], args[1])
+  end
+  for i = 3, #keys do
     local held = redis.call('GET', keys[i])
     if held and string.match(held, '^(.*) %d+$') == args[1] then
       redis.call('DEL', keys[i])
@@ -581,18 +632,18 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v5_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v5_cat_since', callback = cat_since,
+redis.register_function('restms_v6_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v6_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v5_place', place)
-redis.register_function{function_name = 'restms_v5_room', callback = room,
+redis.register_function('restms_v6_place', place)
+redis.register_function{function_name = 'restms_v6_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v5_range', range)
-redis.register_function('restms_v5_ack', ack)
-redis.register_function('restms_v5_take_out', take_out)
-redis.register_function('restms_v5_settle', settle)
-redis.register_function('restms_v5_delete_content', delete_content)
-redis.register_function('restms_v5_sweep', sweep)
-redis.register_function('restms_v5_own', own)
-redis.register_function('restms_v5_disown', disown)
-redis.register_function('restms_v5_hook_save', hook_save)
+redis.register_function('restms_v6_range', range)
+redis.register_function('restms_v6_ack', ack)
+redis.register_function('restms_v6_take_out', take_out)
+redis.register_function('restms_v6_settle', settle)
+redis.register_function('restms_v6_delete_content', delete_content)
+redis.register_function('restms_v6_sweep', sweep)
+redis.register_function('restms_v6_own', own)
+redis.register_function('restms_v6_disown', disown)
+redis.register_function('restms_v6_hook_save', hook_save)

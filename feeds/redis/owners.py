@@ -1,18 +1,19 @@
 """One node runs each webhook pipe's deliveries, and each bridge: a lock per thing,
-renewed, fenced.
+renewed, fenced, and the things shared out evenly among the live nodes.
 
 Every node of a cluster sees every webhook pipe in the catalogue, but a pipe's
 receiver must get each message from one worker, not one per node. So a node runs the
 worker of a webhook pipe only while it holds that pipe's lock, a key in the owners'
 slot (``{<ns>:own}:hook:<pipe>``) holding the node's id and a **fencing token**:
 
-* Each node with a webhook listener (the gateway's delivery registry) takes, every
-  ``renew`` seconds, the locks of webhook pipes nobody holds and renews those it holds,
+* Each node with a webhook listener (the gateway's delivery registry) renews, every
+  ``renew`` seconds, the locks it holds and takes free ones up to its share (below),
   in one function call (the library's ``own``); a lock lives ``ttl`` seconds unless
   renewed. The listener hears of a pipe when the node takes it (start its worker)
-  and when it loses it (stop it). A node that made a webhook pipe tries to take it at
-  once. A node that stops frees its locks, so another takes its pipes in at most
-  ``renew`` seconds; a node killed holds them until they run out (``ttl``).
+  and when it loses it (stop it). A node that made a webhook pipe takes it at once
+  unless that would put it over its share by more than one. A node that stops frees
+  its locks, so the others take its pipes in at most ``renew`` seconds; a node killed
+  holds them until they run out (``ttl``).
 * A token is new each time a lock is taken and only grows (one counter). A worker's
   writes to its pipe's delivery state carry the node's token, and the state keeps the
   highest it saw: once a newer owner wrote, a write of the node that lost the lock (a
@@ -26,8 +27,20 @@ A bridge claims its lock (``bridge:<name>``) through :meth:`Owners.solo`: the sa
 rounds take and renew it, and its :class:`RedisSolo` tells the bridge registry when
 this node takes or loses it.
 
-The first node to look takes every free lock; a node does not hand them over to
-balance the load (docs/CLUSTER.md).
+**Balance.** The same call registers the node among the live ones (a sorted set
+``{<ns>:own}:live``, each node scored by when its registration runs out, ``ttl``
+after its last round, in the master's clock as the locks' expiry is; those past it
+are trimmed by every call) and answers how many are live. A node's share is
+ceil(things / live nodes), things being the webhook pipes and bridges it knows (every
+node sees the same catalogue and configuration). Under its share, a node takes free
+locks up to it; over it by more than one (not by one: two nodes would hand a pipe to
+and fro), it hands the excess over: webhook pipes first (their listener stops the
+workers, then the locks go, as on a clean stop), bridges only when the pipes do not
+suffice (the bridge registry stops the bridge, then its lock goes), and the nodes
+under their share take them in their next round. A node never takes a lock another
+holds: fencing guards a hand-over as it guards a failure, and delivery stays at least
+once, in order per pipe. Only nodes with a webhook listener count among the live; one
+without (a tool's engine) claims bridges against the others' count.
 """
 
 from __future__ import annotations
@@ -66,6 +79,13 @@ class Owners:
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.held: dict[str, int] = {}  # pipe -> this node's token
         self.solos: dict[str, RedisSolo] = {}  # name -> claim (a bridge's)
+        # Bridges handed over for the balance: name -> when; their locks go once their
+        # registry stopped them (or after ``ttl`` seconds).
+        self.leaving: dict[str, float] = {}
+        self.live = 0  # live nodes, as the last call saw them
+        self.share = 0  # this node's share of the things, as the last call saw it
+        self.least = 0  # the fewest things a live node holds, as the last call saw it
+        self.counted = False  # whether this node registered among the live nodes
         self._told: dict[str, Any] = {}  # pipe -> its options when the listener heard
         self._renewed = 0.0  # monotonic time of the last round the cluster answered
         self._poke = asyncio.Event()
@@ -77,6 +97,11 @@ class Owners:
     @property
     def _fence(self) -> str:
         return f"{self.engine.keys.own}:fence"
+
+    @property
+    def _live(self) -> list[str]:
+        """The live nodes, and how many things each holds."""
+        return [f"{self.engine.keys.own}:live", f"{self.engine.keys.own}:counts"]
 
     def token(self, pipe: str) -> int:
         """The token a write of ``pipe``'s delivery state carries: 0 on an engine that
@@ -107,6 +132,7 @@ class Owners:
                     if self.held or any(solo.held for solo in self.solos.values()):
                         log.warning("the locks may have run out: what this node runs stops")
                     self._lose(list(self.held))
+                    self.leaving.clear()
                     for solo in self.solos.values():
                         solo.set(False)
             except Exception:  # a bug of ours: logged, and the rounds go on
@@ -118,28 +144,69 @@ class Owners:
 
     async def round(self) -> None:
         async with self._round:
-            hooks: list[str] = []
-            if self.engine._hook_listener is not None:
-                pipes = self.engine.cache.pipes
-                hooks = sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
-            if not hooks and not self.solos:
+            hooks = self._hooks()
+            if not hooks and not self.solos and not self.held and not self.counted:
                 return
             tokens = await self._own([f"hook:{key}" for key in hooks] + list(self.solos))
             self._renewed = time.monotonic()
+            # Held, and not asked about (the listener went, or the pipe): freed below.
+            unasked = [f"hook:{key}" for key in self.held if f"hook:{key}" not in tokens]
             self._lose([key for key in self.held if not tokens.get(f"hook:{key}")])
             for key in hooks:
                 if token := tokens[f"hook:{key}"]:
                     self.held[key] = token
                     await self._tell(key)
             for name, solo in self.solos.items():
-                solo.set(bool(tokens.get(name)))
+                if name not in self.leaving:
+                    solo.set(bool(tokens.get(name)))
+            # A node whose listener went (it stops) leaves the live nodes at once: the
+            # others' shares grow now, not once its registration runs out.
+            leaves = self.counted and self.engine._hook_listener is None
+            await self._disown(unasked + self._balance(tokens), leaves=leaves)
+
+    def _balance(self, tokens: dict[str, int]) -> list[str]:
+        """What this node hands over now: over its share by more than one (or by one
+        while a live node is two under it), its excess (webhook pipes first: their
+        workers stop here at once; bridges are told to stop and go in a later round,
+        once stopped); and the bridges that stopped since."""
+        now = time.monotonic()
+        gone: list[str] = []
+        for name, since in list(self.leaving.items()):
+            solo = self.solos.get(name)
+            if solo is None or not tokens.get(name):
+                del self.leaving[name]  # forgotten, or its lock lost: nothing to free
+            elif solo.stopped or now - since > self.ttl:
+                if not solo.stopped:
+                    log.warning("bridge %s did not stop in time; handed over anyway", name)
+                del self.leaving[name]
+                gone.append(name)
+        bridges = sorted(n for n, solo in self.solos.items() if solo.held)
+        excess = len(self.held) + len(bridges) - self.share
+        # One over is let be unless a node is two under (then it would stay there:
+        # three nodes, six bridges, held 3, 3 and 0), so a handover always narrows the
+        # gap between the most and the fewest held, and nothing goes to and fro.
+        if excess <= 0 or (excess == 1 and self.least > self.share - 2):
+            return gone
+        hooks = sorted(self.held, reverse=True)[:excess]
+        log.info(
+            "over this node's share of %d (%d live nodes): handing %d over",
+            self.share,
+            self.live,
+            excess,
+        )
+        self._lose(hooks)  # the workers stop before the locks go
+        for name in bridges[::-1][: excess - len(hooks)]:
+            self.leaving[name] = now
+            self.solos[name].set(False)
+        return gone + [f"hook:{key}" for key in hooks]
 
     async def claim(self, pipe: str) -> None:
-        """Take a webhook pipe this node made at once, when its lock is free."""
+        """Take a webhook pipe this node made at once, when its lock is free and this
+        node is not over its share by more than one with it."""
         async with self._round:
             if self.engine._hook_listener is None:
                 return
-            token = (await self._own([f"hook:{pipe}"]))[f"hook:{pipe}"]
+            token = (await self._own([f"hook:{pipe}"], slack=1))[f"hook:{pipe}"]
             if token:
                 self.held[pipe] = token
                 await self._tell(pipe)
@@ -158,32 +225,60 @@ class Owners:
         self._lose([pipe] if pipe in self.held else [])
 
     async def release(self) -> None:
-        """Free every lock this node holds (a node that stops)."""
+        """Free every lock this node holds, and leave the live nodes (a node that
+        stops)."""
         held = [f"hook:{key}" for key in self.held] + list(self.solos)
         self.held = {}
         self._told.clear()
+        self.leaving.clear()
         for solo in list(self.solos.values()):
             solo.set(False)
         self.solos.clear()
-        await self._disown(held)
+        await self._disown(held, leaves=True)
 
-    async def _disown(self, names: list[str]) -> None:
-        for start in range(0, len(names), CHUNK):
-            keys = [self._lock(name) for name in names[start : start + CHUNK]]
+    async def _disown(self, names: list[str], *, leaves: bool = False) -> None:
+        if leaves:
+            self.counted = False
+        for start in range(0, max(len(names), 1 if leaves else 0), CHUNK):
+            keys = [*self._live, *map(self._lock, names[start : start + CHUNK])]
             await self.engine.link.call(
-                self.engine.keys.own, "FCALL", FUNCTIONS + "disown", len(keys), *keys, self.node
+                self.engine.keys.own,
+                "FCALL",
+                FUNCTIONS + "disown",
+                len(keys),
+                *keys,
+                self.node,
+                "1" if leaves else "0",
+                write=True,
             )
 
     # ------------------------------------------------------------ helpers
-    async def _own(self, names: list[str]) -> dict[str, int]:
-        """Take or renew the locks of ``names``: this node's token of each, 0 where
-        another node holds it."""
+    def _hooks(self) -> list[str]:
+        """The webhook pipes this node may run (none without a listener)."""
+        if self.engine._hook_listener is None:
+            return []
+        pipes = self.engine.cache.pipes
+        return sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
+
+    async def _own(self, names: list[str], slack: int = 0) -> dict[str, int]:
+        """Renew the locks of ``names`` this node holds and take free ones while it
+        holds fewer than its share (plus ``slack``): this node's token of each, 0
+        where another node holds it or this node took no more."""
+        things = len(self._hooks()) + len(self.solos)
+        holding = {f"hook:{key}" for key in self.held}
+        holding.update(name for name, solo in self.solos.items() if solo.held)
+        holding.update(self.leaving)
+        counted = "1" if self.engine._hook_listener is not None else "0"
         tokens: dict[str, int] = {}
         ttl_ms = int(self.ttl * 1000)
         for start in range(0, len(names), CHUNK):
             chunk = names[start : start + CHUNK]
-            keys = [self._fence, *map(self._lock, chunk)]
-            reply = await self.engine.link.call(
+            # What this node holds besides this chunk: taken in the chunks before, and
+            # believed held in those after.
+            mine = sum(1 for token in tokens.values() if token)
+            mine += len(holding.difference(chunk, tokens))
+            keys = [self._fence, *self._live, *map(self._lock, chunk)]
+            live, share, least, *reply = await self.engine.link.call(
                 self.engine.keys.own,
                 "FCALL",
                 FUNCTIONS + "own",
@@ -191,8 +286,14 @@ class Owners:
                 *keys,
                 self.node,
                 ttl_ms,
+                things,
+                mine,
+                slack,
+                counted,
                 write=True,
             )
+            self.live, self.share, self.least = int(live), int(share), int(least)
+            self.counted = self.counted or counted == "1"  # (it leaves through _disown)
             tokens.update(zip(chunk, map(int, reply), strict=True))
         return tokens
 
@@ -227,29 +328,43 @@ class RedisSolo:
         self.name = name
         self.held = False
         self._changed = asyncio.Event()
+        # Changes made, those :meth:`changed` answered, and those its caller acted on
+        # (it came back for the next): a bridge handed over for the balance keeps its
+        # lock until its registry has stopped it.
+        self._made = self._heard = self._acted = 0
 
     def set(self, held: bool) -> None:
         if held != self.held:
             self.held = held
+            self._made += 1
             self._changed.set()
+
+    @property
+    def stopped(self) -> bool:
+        """Not held, and the registry acted on every change it was told of."""
+        return not self.held and self._acted == self._made
 
     async def take(self) -> bool:
         owners = self.owners
         owners.solos[self.name] = self
         async with owners._round:
-            self.set(bool((await owners._own([self.name]))[self.name]))
+            self.set(bool((await owners._own([self.name], slack=1))[self.name]))
         self._changed.clear()
+        self._heard = self._made  # the caller hears it from the answer
         return self.held
 
     async def changed(self) -> bool:
+        self._acted = self._heard
         await self._changed.wait()
         self._changed.clear()
+        self._heard = self._made
         return self.held
 
     async def release(self) -> None:
         owners = self.owners
         if owners.solos.get(self.name) is self:
             del owners.solos[self.name]
-        if self.held:
+        leaving = owners.leaving.pop(self.name, None) is not None
+        if self.held or leaving:
             self.set(False)
             await owners._disown([self.name])

@@ -116,7 +116,8 @@ async def test_a_node_that_stops_hands_its_webhook_pipes_over_at_once(
     first.engine.owners.ttl = 30.0
     pipes = [await new_pipe(first.engine, "webhook", webhook=HOOK) for _ in range(3)]
     await rounds()
-    assert second.runs() == set()
+    assert first.runs()  # shared out, 2 and 1: each pipe run by one of them
+    assert first.runs().isdisjoint(second.runs())
     started = time.monotonic()
     await first.engine.close()
 
