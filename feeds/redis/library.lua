@@ -524,14 +524,17 @@ end
 -- then one lock per thing owned, holding "<node> <token>".
 -- ARGV: the node, the lock's life in ms, how many things the node knows in all
 -- (webhook pipes and bridges), how many it holds besides these locks, the slack (0 in
--- a round; 1 for a thing just made or started on the node), and '1' when the node
--- counts among the live (it runs webhook pipes), else '0'.
+-- a round; 1 for a thing just made or started on the node), '1' when the node counts
+-- among the live (it runs webhook pipes), else '0', and how many of the locks (the
+-- first ones) are overdue: found free by the node's last round too.
 -- The node's share is ceil(things / live nodes). Every lock the node holds is renewed
 -- (the node frees its excess itself, once it stopped what those run); a free lock is
 -- taken with a new token (from the counter: it only grows) while the node holds fewer
--- than its share plus the slack. Returns {live nodes, share, the fewest things a live
--- node holds (as each last said), then per lock the node's token, 0 where another node
--- holds it or the node took no more}.
+-- than its share plus the slack, and an overdue one whatever the share (nobody under
+-- theirs took it for a round: their views differ, or one is stalled). Returns {live
+-- nodes, share, the fewest things a live node holds (as each last said), then per
+-- lock the node's token, 0 where another node holds it, -1 where it is free and the
+-- node took no more}.
 local function own(keys, args)
   local fence, live, counts, node = keys[1], keys[2], keys[3], args[1]
   local ttl, things, mine, slack = num(args[2]), num(args[3]), num(args[4]), num(args[5])
@@ -563,14 +566,16 @@ local function own(keys, args)
     end
     out[i] = token
   end
+  local overdue = 3 + num(args[7])
   for _, i in ipairs(free) do
-    if mine >= share + slack then
-      break
+    if i <= overdue or mine < share + slack then
+      local token = redis.call('INCR', fence)
+      redis.call('SET', keys[i], node .. ' ' .. token, 'PX', ttl)
+      out[i] = token
+      mine = mine + 1
+    else
+      out[i] = -1
     end
-    local token = redis.call('INCR', fence)
-    redis.call('SET', keys[i], node .. ' ' .. token, 'PX', ttl)
-    out[i] = token
-    mine = mine + 1
   end
   if args[6] == '1' then
     redis.call('HSET', counts, node, mine)

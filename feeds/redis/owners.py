@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 TTL = 5.0  # seconds a lock lives unless renewed
 RENEW = 1.0  # seconds between a node's rounds
 CHUNK = 500  # locks per function call
+ADOPTED = 10  # rounds a lock taken overdue (over the share) is kept before a hand-over
 
 
 class Owners:
@@ -87,6 +88,10 @@ class Owners:
         self.least = 0  # the fewest things a live node holds, as the last call saw it
         self.counted = False  # whether this node registered among the live nodes
         self._told: dict[str, Any] = {}  # pipe -> its options when the listener heard
+        self._free: set[str] = set()  # locks the last round found free and left
+        # Locks taken overdue (over the share) -> when: not handed over for ADOPTED
+        # rounds, so that a view that differs does not move them to and fro each round.
+        self._adopted: dict[str, float] = {}
         self._renewed = 0.0  # monotonic time of the last round the cluster answered
         self._poke = asyncio.Event()
         self._round = asyncio.Lock()
@@ -145,9 +150,15 @@ class Owners:
     async def round(self) -> None:
         async with self._round:
             hooks = self._hooks()
-            if not hooks and not self.solos and not self.held and not self.counted:
-                return
-            tokens = await self._own([f"hook:{key}" for key in hooks] + list(self.solos))
+            if not hooks and not self.solos:
+                return  # (a node whose listener went frees its locks as it closes)
+            names = [f"hook:{key}" for key in hooks] + list(self.solos)
+            overdue = self._free
+            tokens = await self._own(names, overdue=overdue)
+            now = time.monotonic()
+            for name in overdue:
+                if tokens.get(name):
+                    self._adopted[name] = now
             self._renewed = time.monotonic()
             # Held, and not asked about (the listener went, or the pipe): freed below.
             unasked = [f"hook:{key}" for key in self.held if f"hook:{key}" not in tokens]
@@ -170,6 +181,9 @@ class Owners:
         workers stop here at once; bridges are told to stop and go in a later round,
         once stopped); and the bridges that stopped since."""
         now = time.monotonic()
+        for name, since in list(self._adopted.items()):
+            if now - since > ADOPTED * self.renew:
+                del self._adopted[name]
         gone: list[str] = []
         for name, since in list(self.leaving.items()):
             solo = self.solos.get(name)
@@ -187,15 +201,23 @@ class Owners:
         # gap between the most and the fewest held, and nothing goes to and fro.
         if excess <= 0 or (excess == 1 and self.least > self.share - 2):
             return gone
-        hooks = sorted(self.held, reverse=True)[:excess]
-        log.info(
-            "over this node's share of %d (%d live nodes): handing %d over",
-            self.share,
-            self.live,
-            excess,
-        )
+        adopted = self._adopted
+        hooks = [key for key in sorted(self.held) if f"hook:{key}" not in adopted][::-1]
+        hooks = hooks[:excess]
+        movable = [name for name in bridges if name not in adopted][::-1]
+        movable = movable[: excess - len(hooks)]
+        if hooks or movable:
+            log.info(
+                "%d over this node's share of %d (%d live nodes): %d webhook pipes and "
+                "%d bridges handed over",
+                excess,
+                self.share,
+                self.live,
+                len(hooks),
+                len(movable),
+            )
         self._lose(hooks)  # the workers stop before the locks go
-        for name in bridges[::-1][: excess - len(hooks)]:
+        for name in movable:
             self.leaving[name] = now
             self.solos[name].set(False)
         return gone + [f"hook:{key}" for key in hooks]
@@ -260,10 +282,17 @@ class Owners:
         pipes = self.engine.cache.pipes
         return sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
 
-    async def _own(self, names: list[str], slack: int = 0) -> dict[str, int]:
+    async def _own(
+        self, names: list[str], slack: int = 0, overdue: set[str] | None = None
+    ) -> dict[str, int]:
         """Renew the locks of ``names`` this node holds and take free ones while it
-        holds fewer than its share (plus ``slack``): this node's token of each, 0
-        where another node holds it or this node took no more."""
+        holds fewer than its share (plus ``slack``), and those ``overdue`` (a round's:
+        found free by the last one) whatever the share: this node's token of each, 0
+        where another node holds it or this node took no more. A round's call keeps
+        the locks it found free and left for the next round's ``overdue``."""
+        if overdue is not None:  # (they go first: the function knows them by place)
+            names = sorted(names, key=lambda name: name not in overdue)
+            self._free = set()
         things = len(self._hooks()) + len(self.solos)
         holding = {f"hook:{key}" for key in self.held}
         holding.update(name for name, solo in self.solos.items() if solo.held)
@@ -277,6 +306,7 @@ class Owners:
             # believed held in those after.
             mine = sum(1 for token in tokens.values() if token)
             mine += len(holding.difference(chunk, tokens))
+            late = sum(1 for name in chunk if overdue and name in overdue)
             keys = [self._fence, *self._live, *map(self._lock, chunk)]
             live, share, least, *reply = await self.engine.link.call(
                 self.engine.keys.own,
@@ -290,11 +320,15 @@ class Owners:
                 mine,
                 slack,
                 counted,
+                late,
                 write=True,
             )
             self.live, self.share, self.least = int(live), int(share), int(least)
             self.counted = self.counted or counted == "1"  # (it leaves through _disown)
-            tokens.update(zip(chunk, map(int, reply), strict=True))
+            for name, token in zip(chunk, map(int, reply), strict=True):
+                if token < 0 and overdue is not None:
+                    self._free.add(name)
+                tokens[name] = max(token, 0)
         return tokens
 
     async def _tell(self, pipe: str) -> None:

@@ -201,7 +201,8 @@ class RedisEngine:
             _done, left = await asyncio.wait(list(self._adopted), timeout=CLOSE_WAIT)
             if left:
                 log.warning("closing the engine: %d failed publishes left unsettled", len(left))
-        if self.owners.held or self.owners.solos:  # another node takes them at once
+        # Another node takes them at once; the others' shares grow at once.
+        if self.owners.held or self.owners.solos or self.owners.counted:
             try:
                 async with asyncio.timeout(CLOSE_WAIT):
                     await self.owners.release()
