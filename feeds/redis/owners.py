@@ -33,14 +33,19 @@ after its last round, in the master's clock as the locks' expiry is; those past 
 are trimmed by every call) and answers how many are live. A node's share is
 ceil(things / live nodes), things being the webhook pipes and bridges it knows (every
 node sees the same catalogue and configuration). Under its share, a node takes free
-locks up to it; over it by more than one (not by one: two nodes would hand a pipe to
-and fro), it hands the excess over: webhook pipes first (their listener stops the
-workers, then the locks go, as on a clean stop), bridges only when the pipes do not
-suffice (the bridge registry stops the bridge, then its lock goes), and the nodes
-under their share take them in their next round. A node never takes a lock another
-holds: fencing guards a hand-over as it guards a failure, and delivery stays at least
-once, in order per pipe. Only nodes with a webhook listener count among the live; one
-without (a tool's engine) claims bridges against the others' count.
+locks up to it; over it by more than one, or by one while some live node holds two
+under it (the call also answers the fewest any live node holds), it hands the excess
+over, so a hand-over always narrows the gap and nothing goes to and fro: webhook
+pipes first (their listener stops the workers, then the locks go, as on a clean
+stop), bridges only when the pipes do not suffice (the bridge registry is told to
+stop the bridge; its lock goes once the registry came back for the next change, at
+most ``ttl`` later), and the nodes under their share take them in their next round.
+A lock still free at a node's next round (the nodes' views differ for a moment, or one
+is stalled) is taken by it whatever its share, and kept ``ADOPTED`` rounds. A node
+never takes a lock another holds: fencing guards a hand-over as it guards a failure,
+and delivery stays at least once, in order per pipe. Only nodes with a webhook
+listener count among the live; one without (a tool's engine) claims bridges against
+the others' count. A node that closes leaves the live set at once.
 """
 
 from __future__ import annotations
