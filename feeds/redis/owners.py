@@ -40,8 +40,8 @@ pipes first (their listener stops the workers, then the locks go, as on a clean
 stop), bridges only when the pipes do not suffice (the bridge registry is told to
 stop the bridge; its lock goes once the registry came back for the next change, at
 most ``ttl`` later), and the nodes under their share take them in their next round.
-A lock still free at a node's next round (the nodes' views differ for a moment, or one
-is stalled) is taken by it whatever its share, and kept ``ADOPTED`` rounds. A node
+A lock still free at a node's next round (the nodes' views differ, or one is stalled)
+is taken by it whatever its share, and kept: it hands others over instead. A node
 never takes a lock another holds: fencing guards a hand-over as it guards a failure,
 and delivery stays at least once, in order per pipe. Only nodes with a webhook
 listener count among the live; one without (a tool's engine) claims bridges against
@@ -71,7 +71,6 @@ log = logging.getLogger(__name__)
 TTL = 5.0  # seconds a lock lives unless renewed
 RENEW = 1.0  # seconds between a node's rounds
 CHUNK = 500  # locks per function call
-ADOPTED = 10  # rounds a lock taken overdue (over the share) is kept before a hand-over
 
 
 class Owners:
@@ -94,9 +93,10 @@ class Owners:
         self.counted = False  # whether this node registered among the live nodes
         self._told: dict[str, Any] = {}  # pipe -> its options when the listener heard
         self._free: set[str] = set()  # locks the last round found free and left
-        # Locks taken overdue (over the share) -> when: not handed over for ADOPTED
-        # rounds, so that a view that differs does not move them to and fro each round.
-        self._adopted: dict[str, float] = {}
+        # Locks taken overdue (over the share): never handed over (the node hands
+        # others over instead), so that a view that differs for good (a node whose
+        # configuration lacks a bridge) does not move them to and fro.
+        self._adopted: set[str] = set()
         self._renewed = 0.0  # monotonic time of the last round the cluster answered
         self._poke = asyncio.Event()
         self._round = asyncio.Lock()
@@ -160,10 +160,8 @@ class Owners:
             names = [f"hook:{key}" for key in hooks] + list(self.solos)
             overdue = self._free
             tokens = await self._own(names, overdue=overdue)
-            now = time.monotonic()
-            for name in overdue:
-                if tokens.get(name):
-                    self._adopted[name] = now
+            self._adopted = {name for name in self._adopted if tokens.get(name)}
+            self._adopted.update(name for name in overdue if tokens.get(name))
             self._renewed = time.monotonic()
             # Held, and not asked about (the listener went, or the pipe): freed below.
             unasked = [f"hook:{key}" for key in self.held if f"hook:{key}" not in tokens]
@@ -186,9 +184,6 @@ class Owners:
         workers stop here at once; bridges are told to stop and go in a later round,
         once stopped); and the bridges that stopped since."""
         now = time.monotonic()
-        for name, since in list(self._adopted.items()):
-            if now - since > ADOPTED * self.renew:
-                del self._adopted[name]
         gone: list[str] = []
         for name, since in list(self.leaving.items()):
             solo = self.solos.get(name)

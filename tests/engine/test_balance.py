@@ -180,3 +180,33 @@ async def test_bridges_count_and_move_as_webhook_pipes_do(namespace: str) -> Non
     finally:
         for made in nodes:
             await close(made)
+
+
+async def test_a_lock_the_shares_leave_free_is_taken_all_the_same(namespace: str) -> None:
+    """Nodes that do not know the same things: two know six bridges, the third (its
+    configuration differs) only one of its own. Each of the two counts a share of
+    ceil(6 / 3) = 2 and the third takes none of the six: two would stay free, so a
+    lock found free for a whole round is taken whatever the share, and kept (no
+    bridge goes to and fro)."""
+    overlaps: list[str] = []
+    nodes = [await node(namespace) for _ in range(3)]
+    try:
+        names = [f"bridge:b{i}" for i in range(6)]
+        await nodes[2].bridge("bridge:own", overlaps, nodes)
+        for made in nodes[:2]:
+            for name in names:
+                await made.bridge(name, overlaps, nodes)
+        everything = {*names, "bridge:own"}
+        await settled(lambda: [m.engine.owners.live for m in nodes] == [3, 3, 3], "3 live")
+        await asyncio.sleep(RENEW * 20)  # past the hand-overs of the first rounds
+        runs = [set(made.running) for made in nodes]
+        for _ in range(20):  # each running the same, every one run
+            assert shared(nodes, everything, 1, 4)
+            assert [made.running for made in nodes] == runs
+            await asyncio.sleep(RENEW)
+        assert runs[2] == {"bridge:own"}
+        assert [made.engine.owners.share for made in nodes[:2]] == [2, 2]
+        assert overlaps == []
+    finally:
+        for made in nodes:
+            await close(made)
