@@ -33,19 +33,19 @@ after its last round, in the master's clock as the locks' expiry is; those past 
 are trimmed by every call) and answers how many are live. A node's share is
 ceil(things / live nodes), things being the webhook pipes and bridges it knows (every
 node sees the same catalogue and configuration). Under its share, a node takes free
-locks up to it; over it by more than one, or by one while some live node holds two
-under it (the call also answers the fewest any live node holds), it hands the excess
-over, so a hand-over always narrows the gap and nothing goes to and fro: webhook
-pipes first (their listener stops the workers, then the locks go, as on a clean
-stop), bridges only when the pipes do not suffice (the bridge registry is told to
-stop the bridge; its lock goes once the registry came back for the next change, at
-most ``ttl`` later), and the nodes under their share take them in their next round.
-A lock still free at a node's next round (the nodes' views differ, or one is stalled)
-is taken by it whatever its share, and kept: it hands others over instead. A node
-never takes a lock another holds: fencing guards a hand-over as it guards a failure,
-and delivery stays at least once, in order per pipe. Only nodes with a webhook
-listener count among the live; one without (a tool's engine) claims bridges against
-the others' count. A node that closes leaves the live set at once.
+locks up to it; over it by more than one, or by one while some live node is under it
+(the call also answers the fewest any live node holds), it hands the excess over (the
+others take only up to their share: nothing goes to and fro): webhook pipes first
+(their listener stops the workers, then the locks go, as on a clean stop), bridges
+only when the pipes do not suffice (the bridge registry is told to stop the bridge;
+its lock goes once the registry came back for the next change, at most ``ttl``
+later), and the nodes under their share take them in their next round. A lock still
+free at a node's next round (the nodes' views differ, or one is stalled) is taken by
+it whatever its share, and kept: it hands others over instead. A node never takes a
+lock another holds: fencing guards a hand-over as it guards a failure, and delivery
+stays at least once, in order per pipe. Only nodes with a webhook listener count
+among the live; one without (a tool's engine) claims bridges against the others'
+count. A node that closes leaves the live set at once.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class Owners:
 
     def _balance(self, tokens: dict[str, int]) -> list[str]:
         """What this node hands over now: over its share by more than one (or by one
-        while a live node is two under it), its excess (webhook pipes first: their
+        while a live node is under its share), its excess (webhook pipes first: their
         workers stop here at once; bridges are told to stop and go in a later round,
         once stopped); and the bridges that stopped since."""
         now = time.monotonic()
@@ -196,10 +196,11 @@ class Owners:
                 gone.append(name)
         bridges = sorted(n for n, solo in self.solos.items() if solo.held)
         excess = len(self.held) + len(bridges) - self.share
-        # One over is let be unless a node is two under (then it would stay there:
-        # three nodes, six bridges, held 3, 3 and 0), so a handover always narrows the
-        # gap between the most and the fewest held, and nothing goes to and fro.
-        if excess <= 0 or (excess == 1 and self.least > self.share - 2):
+        # One over is let be unless a node is under its share (it takes the one handed
+        # over, and no more: three nodes, three bridges end 1, 1, 1, not 2, 1, 0), so a
+        # hand-over always narrows the gap between the most and the fewest held, and
+        # nothing goes to and fro.
+        if excess <= 0 or (excess == 1 and self.least >= self.share):
             return gone
         adopted = self._adopted
         hooks = [key for key in sorted(self.held) if f"hook:{key}" not in adopted][::-1]

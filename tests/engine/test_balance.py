@@ -119,6 +119,20 @@ def shared(nodes: list[Node], things: set[str], low: int, high: int) -> bool:
     return sorted(every) == sorted(things) and all(low <= len(run) <= high for run in runs)
 
 
+async def alone(namespace: str, count: int, overlaps: list[str]) -> tuple[list[Node], list[str]]:
+    """One node, and ``count`` bridges it claims alone: it runs them all."""
+    nodes = [await node(namespace)]
+    names = [f"bridge:b{i}" for i in range(count)]
+    try:
+        for name in names:
+            await nodes[0].bridge(name, overlaps, nodes)
+        await settled(lambda: nodes[0].running == set(names), "all run by the one node")
+    except BaseException:
+        await close(nodes[0])
+        raise
+    return nodes, names
+
+
 async def test_webhook_pipes_made_through_one_node_are_shared_out_and_move_back(
     namespace: str,
 ) -> None:
@@ -153,13 +167,8 @@ async def test_bridges_count_and_move_as_webhook_pipes_do(namespace: str) -> Non
     bridge's lock goes only once its follower stopped it: never running on two nodes);
     with webhook pipes besides, both count towards one share."""
     overlaps: list[str] = []
-    nodes = [await node(namespace)]
+    nodes, names = await alone(namespace, 6, overlaps)
     try:
-        names = [f"bridge:b{i}" for i in range(6)]
-        for name in names:
-            await nodes[0].bridge(name, overlaps, nodes)
-        await settled(lambda: nodes[0].running == set(names), "all run")  # alone: all its
-
         for _ in range(2):
             nodes.append(await node(namespace))
         for made in nodes[1:]:
@@ -206,6 +215,23 @@ async def test_a_lock_the_shares_leave_free_is_taken_all_the_same(namespace: str
             await asyncio.sleep(RENEW)
         assert runs[2] == {"bridge:own"}
         assert [made.engine.owners.share for made in nodes[:2]] == [2, 2]
+        assert overlaps == []
+    finally:
+        for made in nodes:
+            await close(made)
+
+
+async def test_three_bridges_on_three_nodes_run_one_each(namespace: str) -> None:
+    """The first node up takes all three; the two that come after get one each (one
+    over its share is handed over while another node is under its own)."""
+    overlaps: list[str] = []
+    nodes, names = await alone(namespace, 3, overlaps)
+    try:
+        for _ in range(2):
+            nodes.append(await node(namespace))
+            for name in names:
+                await nodes[-1].bridge(name, overlaps, nodes)
+        await settled(lambda: shared(nodes, set(names), 1, 1), "one each")
         assert overlaps == []
     finally:
         for made in nodes:
