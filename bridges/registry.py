@@ -164,13 +164,23 @@ class EngineKept:
 
     def __init__(self, engine: EngineService) -> None:
         self._engine = engine
+        # Every node reads the definitions every second: each is parsed (and checked,
+        # and an invalid one logged) only when its value changed, forgotten once gone.
+        self._parsed: dict[str, tuple[str, BridgeConfig | None]] = {}
 
     async def load(self) -> dict[str, BridgeConfig]:
         kept = {}
+        parsed = {}
         for key, value in await self._engine.list_settings(PREFIX):
-            config = self._parse(key, value)
+            known = self._parsed.get(key)
+            if known is not None and known[0] == value:
+                config = known[1]
+            else:
+                config = self._parse(key, value)
+            parsed[key] = (value, config)
             if config is not None:
                 kept[config.name] = config
+        self._parsed = parsed
         return kept
 
     async def add(self, config: BridgeConfig) -> bool:

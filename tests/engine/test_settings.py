@@ -7,11 +7,14 @@ commit fails."""
 from __future__ import annotations
 
 import asyncio
+import json
 import secrets
 
 import pytest
 from blockbuster import BlockBuster
 
+from bridges.config import parse
+from bridges.registry import EngineKept
 from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
 from feeds.service import EngineService
@@ -188,3 +191,32 @@ async def test_two_nodes_offering_at_once_agree_on_one_value(blockbuster: BlockB
         for node in nodes:
             await node.close()
         await forget_namespace(namespace)
+
+
+async def test_kept_bridges_are_read_anew_only_when_they_change(
+    engine: EngineService, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The run-time bridges every node reads each second (bridges.registry.EngineKept):
+    a definition is parsed once a value; one that is not valid any more is skipped and
+    logged once, not at every reading; a changed one is read anew."""
+    kept = EngineKept(engine)
+    definition = {
+        "name": "out",
+        "kind": "amqp",
+        "direction": "out",
+        "urls": ["amqp://127.0.0.1:1"],
+        "feed": "orders",
+        "target": "/exchange/amq.topic/{address}",
+    }
+    assert await kept.add(parse(definition))
+    await engine.keep_setting("bridge/broken", '{"made": "x", "definition": {"name": 7}}')
+    for _ in range(3):
+        assert [(n, c.feed) for n, c in (await kept.load()).items()] == [("out", "orders")]
+    assert caplog.text.count("run-time bridge bridge/broken is not valid") == 1
+    value = json.dumps({"made": "y", "definition": {**definition, "feed": "news"}})
+    await engine.keep_setting("bridge/out", value)
+    assert (await kept.load())["out"].feed == "news"
+    await engine.drop_setting("bridge/broken")
+    await engine.keep_setting("bridge/broken", '{"made": "z", "definition": {"name": 7}}')
+    assert list(await kept.load()) == ["out"]
+    assert caplog.text.count("run-time bridge bridge/broken is not valid") == 2  # came back
