@@ -78,6 +78,16 @@ async def taken(events: Any, want: int, wait: float = 3.0) -> list[tuple[int, An
     return got
 
 
+async def read(client: Any, pipe: str, start: int, want: int) -> list[tuple[int, Any]]:
+    """``want`` messages of ``pipe``'s event stream from ``start``; the stream closed."""
+    events = await client.stream(pipe, start, room=10, idle=5.0)
+    assert events is not None
+    try:
+        return await taken(events, want)
+    finally:
+        await events.close()
+
+
 def shown(got: Sequence[tuple[int, Any]]) -> list[tuple[int, str, str]]:
     return [(p, spec.address, spec.contents[0].value) for p, spec in got]
 
@@ -98,24 +108,14 @@ async def test_messages_come_in_order_whatever_the_line_endings(
     cut = whole.index(b"\r\n", whole.index(b"id: 3") - 10) + 1  # between CR and LF
     fake.answer = streaming(whole[:cut], whole[cut:])
     async with remote(Auth(bearer="b")) as client:
-        events = await client.stream(f"{fake.url}{PIPE}", 1, room=10, idle=5.0)
-        assert events is not None
-        try:
-            got = await taken(events, 3)
-        finally:
-            await events.close()
+        got = await read(client, f"{fake.url}{PIPE}", 1, 3)
     assert shown(got) == [(n, f"a{n}", f"m{n}") for n in (2, 3, 4)]
     spec = got[0][1]
     # A stream that starts before the position asked for (a pipe that never issued it
     # starts from the oldest message it holds) is taken from there.
     fake.answer = streaming(event(1) + event(2))
     async with remote(Auth(bearer="b")) as client:
-        events = await client.stream(f"{fake.url}{PIPE}", 57, room=10, idle=5.0)
-        assert events is not None
-        try:
-            assert [p for p, _ in await taken(events, 2)] == [1, 2]
-        finally:
-            await events.close()
+        assert [p for p, _ in await read(client, f"{fake.url}{PIPE}", 57, 2)] == [1, 2]
     assert spec.props == (("message_id", "id:2"),)
     assert spec.headers == (("h", "v2"),)
 
@@ -130,12 +130,7 @@ async def test_a_linked_content_is_fetched_and_an_odd_shape_read_generally(
         b"id: 2\nevent: message\ndata: " + spaced + b"\n\n",
     )
     async with remote(Auth(bearer="b")) as client:
-        events = await client.stream(f"{fake.url}{PIPE}", 0, room=10, idle=5.0)
-        assert events is not None
-        try:
-            got = await taken(events, 2)
-        finally:
-            await events.close()
+        got = await read(client, f"{fake.url}{PIPE}", 0, 2)
     assert [p for p, _ in got] == [1, 2]
     assert got[0][1].contents[0].type == "application/x-test"
     assert got[0][1].contents[0].data() == b"linked bytes"  # fetched, embedded
