@@ -454,9 +454,13 @@ def test_a_head_remembered_without_its_id_is_the_head(attrs: dict[str, str]) -> 
     )
 
 
-def test_messages_with_ids_of_their_own_leave_the_memo_to_other_heads() -> None:
+def test_messages_with_ids_of_their_own_leave_the_memo_to_other_heads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Heads with message ids are not remembered (each is seen once): after thousands
     of them, a new address is still remembered, in JSON and in XML."""
+    monkeypatch.setattr(fastpath, "_ATTR_HEADS", {})  # empty, whatever ran before
+    monkeypatch.setattr(fastpath, "_HEADS", {})
     limits = specs.MessageLimits()
 
     def batch(ids: range, address: str) -> list[dict[str, str]]:
