@@ -36,7 +36,7 @@ log line or an error, and URLs in errors have their password redacted.
 PipeGone); foreign exceptions are converted here (``raise ... from``).
 
 **Streaming** (docs/EXTENSIONS.md §3). :meth:`HttpRemote.stream` opens the pipe's
-event stream from a position on, and :class:`EventStream` reads it as it comes: the
+event stream from a position on, and :class:`.events.EventStream` reads it as it comes: the
 way a pull link reads a remote that offers it. A remote that answers the stream's
 GET with anything but an event stream (the pipe document, 406) offers none: the link
 reads as below.
@@ -63,11 +63,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import collections
-import contextlib
+import functools
 import logging
 import ssl
-import sys
 import urllib.parse
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -79,15 +77,16 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from bridges import tracing
 from bridges.checks import NAME, redact
-from bridges.federation.remote import Auth, PipeGone, RemoteError, Unavailable
+from bridges.federation.remote import Auth, PipeGone, Unavailable
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
 from restms import specs
 from restms.document import Document, Element
 from restms.errors import BadRequest, RestMSError
 from restms.jsoncodec import to_json
-from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
+from restms.specs import Content, EmbeddedContent, MessageSpec
 
 from . import wire
+from .events import EventStream
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +100,7 @@ UNKNOWN_LIFE = 300.0  # seconds a token without expires_in is kept
 AT_ONCE = 8  # message GETs of one read in flight at a time
 STREAM_IDLE = 1.0  # seconds a read from a pipe's event stream waits for its next line
 TURNS = 4  # positions a read tries (each a gap or a hole skipped) before it says "none"
-# What a read accepts of the remote's messages: the local publish applies the local limits.
 T = TypeVar("T")
-_READ_LIMITS = MessageLimits(
-    max_messages=1, max_headers=sys.maxsize, max_contents=sys.maxsize, max_header_bytes=sys.maxsize
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,7 +308,16 @@ class HttpRemote:
             session = await self._open()
             reply = await self._opened(session, pipe_url, headers, where)
             if reply.status == 200 and reply.content_type == EVENTS:
-                return EventStream(self, pipe_url, reply, after=after, room=room, idle=idle)
+                general = functools.partial(self._delivered, pipe_url)
+                return EventStream(
+                    general,
+                    pipe_url,
+                    reply,
+                    after=after,
+                    room=room,
+                    idle=idle,
+                    limit=self._max_body,
+                )
             try:
                 answer = wire.Reply(reply.status, reply.headers, await self._read(reply, where))
             finally:
@@ -423,7 +427,7 @@ class HttpRemote:
                 fetched = await self._content(pipe_url, content_url, part)
                 if fetched is not None:
                     contents.append(fetched)
-            return specs.build_message(element.attrs, headers, contents, _READ_LIMITS)
+            return specs.build_message(element.attrs, headers, contents, wire.READ_LIMITS)
         except RestMSError as exc:
             raise Unavailable(f"{where}: the message is not understood: {exc}") from exc
 
@@ -674,145 +678,6 @@ def _literal_check(guard: Guard) -> aiohttp.TraceConfig:
     traces = aiohttp.TraceConfig()
     traces.on_request_start.append(check)
     return traces
-
-
-class EventStream:
-    """A remote pipe's event stream, read as it comes (docs/EXTENSIONS.md §3): the
-    reading side of a pull link's fast path (docs/FEDERATION.md, "Push and pull").
-
-    A task reads the stream in chunks and turns each whole ``message`` event into
-    the message it carries (:func:`wire.plain_message`; else the general reading,
-    which fetches linked contents). It holds at most ``room`` messages not taken
-    yet (and those of the last chunk read): past that it stops reading, and the
-    remote's writes wait on the connection, so a backlog of any size costs this
-    gateway that much memory. :meth:`take` hands them over in order.
-
-    The positions must rise (the first may be anywhere): one that does not, an
-    event that is not understood, or a failure of the connection ends the stream
-    with :class:`RemoteError`, raised by :meth:`take` once everything read before
-    was taken, so nothing is lost: the caller opens the stream again after the
-    last message it took. A ``deleted`` event is :class:`PipeGone`. The stream also
-    ends without an error (:attr:`ended`) when the remote ends it (its
-    ``stream_max``, an expired token) or when no line, not even a keep-alive, came
-    for ``idle`` seconds."""
-
-    def __init__(
-        self,
-        remote: HttpRemote,
-        pipe_url: str,
-        reply: aiohttp.ClientResponse,
-        *,
-        after: int,
-        room: int,
-        idle: float,
-    ) -> None:
-        self._remote = remote
-        self._pipe_url = pipe_url
-        self._where = f"GET {redact(pipe_url)} (event stream)"
-        self._reply = reply
-        self._last = 0  # the position of the last message read (0: none yet)
-        self._room = max(room, 1)
-        self._idle = idle
-        self._held: collections.deque[tuple[int, MessageSpec]] = collections.deque()
-        self._came = asyncio.Event()  # a message (or the end) came
-        self._taken = asyncio.Event()  # room was made
-        self._error: RemoteError | None = None
-        self._task = asyncio.create_task(self._run(), name="federation-event-stream")
-
-    @property
-    def ended(self) -> bool:
-        """Whether the stream is over and everything it brought was taken."""
-        return self._task.done() and not self._held
-
-    async def take(self, limit: int, wait: float) -> list[tuple[int, MessageSpec]]:
-        """Up to ``limit`` messages in the pipe's order, waiting up to ``wait`` seconds
-        when none came yet; [] when none did (or the stream ended: :attr:`ended`)."""
-        held = self._held
-        if not held and not self._task.done():
-            self._came.clear()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):
-                    await self._came.wait()
-        out = [held.popleft() for _ in range(min(limit, len(held)))]
-        if out:
-            self._taken.set()
-        elif self._task.done() and self._error is not None:
-            raise self._error
-        return out
-
-    async def close(self) -> None:
-        """Stop reading; what was not taken is read again by the next stream."""
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._reply.close()
-
-    async def _run(self) -> None:
-        reply, held, where = self._reply, self._held, self._where
-        limit = self._remote._max_body
-        buffer = b""
-        try:
-            while True:
-                async with asyncio.timeout(self._idle):
-                    chunk = await reply.content.readany()
-                if not chunk:
-                    return  # the remote ended it
-                blocks, buffer = wire.event_blocks(buffer + chunk if buffer else chunk)
-                if len(buffer) > limit:
-                    raise Unavailable(f"{where}: an event larger than {limit} bytes")
-                for block in blocks:
-                    found = await self._event(block)
-                    if found is not None:
-                        held.append(found)
-                        self._came.set()
-                while len(held) >= self._room:
-                    self._taken.clear()
-                    await self._taken.wait()
-        except TimeoutError:
-            return  # silent for ``idle`` seconds: opened again, as a long-poll is
-        except RemoteError as exc:
-            self._error = exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
-            self._error = Unavailable(f"{where}: the stream failed ({type(exc).__name__})")
-        finally:
-            reply.close()
-            self._came.set()
-
-    async def _event(self, block: bytes) -> tuple[int, MessageSpec] | None:
-        """The message an event carries, with its position; None for other events."""
-        fields = wire.event_fields(block)
-        if fields is None:
-            return None
-        name, ident, data = fields
-        where = self._where
-        if name == "deleted":
-            raise PipeGone(f"{where}: the pipe was deleted")
-        if name == "gap":
-            log.warning("%s: messages left the pipe unacknowledged: %s", where, wire.reason(
-                wire.Reply(200, {}, data)))  # fmt: skip
-            return None
-        if name != "message":
-            return None  # keep-alives, and what this reader does not need (expired, revoked)
-        found = wire.position(ident)
-        # The first may be at or before ``after``: a pipe that never issued that
-        # position starts from the oldest message it holds (EXTENSIONS.md §3: repeats,
-        # never a gap), and the feed's deduplication window takes the repeats.
-        if found is None or found <= self._last:
-            raise Unavailable(f"{where}: an event at position {ident[:20]!r} after {self._last}")
-        url = f"{self._pipe_url}.{found}"
-        try:
-            spec = wire.plain_message(data, _READ_LIMITS)
-        except RestMSError as exc:
-            raise Unavailable(
-                f"{where}: the message at position {found} is not understood: {exc}"
-            ) from exc
-        if spec is None:  # the general reading: linked contents, and the reasons
-            try:
-                spec = await self._remote._delivered(self._pipe_url, url, wire.Reply(200, {}, data))
-            except Unavailable as exc:
-                raise Unavailable(f"{where}: {exc}", exc.retry_after) from exc
-        self._last = found
-        return found, spec
 
 
 # ---------------------------------------------------------------- values

@@ -5,6 +5,7 @@ builds, the replies it parses, and what a reply's status means (the outcomes of
 from __future__ import annotations
 
 import math
+import sys
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,12 @@ from restms.specs import Content, EmbeddedContent, MessageLimits, MessageSpec
 
 MAX_REASON = 500  # characters of a remote's refusal kept
 MAX_RETRY_AFTER = 300.0  # seconds: a longer Retry-After is taken as this
+
+
+# What a read accepts of a remote's messages: the local publish applies the local limits.
+READ_LIMITS = MessageLimits(
+    max_messages=1, max_headers=sys.maxsize, max_contents=sys.maxsize, max_header_bytes=sys.maxsize
+)
 
 
 @dataclass(frozen=True, slots=True)
