@@ -469,7 +469,9 @@ async def fake() -> AsyncIterator[Fake]:
     server = Fake()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", server.handle)
-    runner = web.AppRunner(app)
+    # A client that goes away ends its handler (a stream that was to stay open a while),
+    # so the server stops at once after the test.
+    runner = web.AppRunner(app, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
