@@ -65,7 +65,7 @@ from restms.errors import (
 BRIDGES_PATH = "/admin/bridges"
 IDENTITY_PATH = "/.well-known/restms-gateway"
 ID_SETTING = "gateway-id"
-ID_TRIES = 10  # the engine may be failing over while the gateway starts: a few seconds
+ID_TRIES = 5  # the engine may be failing over while the gateway starts: 5 s of pauses in all
 
 
 def keep_bridge_pipe(owner: str) -> None:
