@@ -27,12 +27,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 from typing import IO, Any
 
 from .params import QUERIES, ROLLING, Params, check_query
+
+# The worker process has no handler of its own: logging's last resort writes a warning
+# to stderr, which the gateway keeps in the worker's log file.
+log = logging.getLogger(__name__)
 
 MAX_LINE = 64 * 1024
 
@@ -106,7 +111,7 @@ def _warm_up(spark: Any, lake: str) -> None:
     try:
         queries.run(spark, lake, "throughput", params)
     except Exception as exc:  # the query will say it again when asked; not fatal
-        print(f"warm-up query failed: {_short(exc)}", file=sys.stderr)
+        log.warning("warm-up query failed: %s", _short(exc))
 
 
 def _handle(line: str, spark: Any, rolling: Any, lake: str) -> dict[str, Any]:
