@@ -294,7 +294,9 @@ class FederationLink(PipeSide, PublishSide[int]):
         """Send the pipe's batches one request at a time, in order. While the remote
         works on one, the next is taken, converted and encoded and the one before is
         acknowledged here: this gateway's share of the work overlaps the remote's, and
-        the remote finds the next request ready when it answers."""
+        the remote finds the next request ready when it answers. That work starts once
+        the request is written (or its first attempt failed): begun before, it would
+        hold the request back, the remote idle."""
         if not await self._reach():
             return
         ready: Prepared | None = None  # the next batch, taken while the last was out
@@ -311,11 +313,10 @@ class FederationLink(PipeSide, PublishSide[int]):
                 await self._idle(cursor, self.config.batch)
                 continue
             self._oldest = current.taken[0].arrived
-            sending = asyncio.ensure_future(self._deliver(current))
+            written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            sending = asyncio.ensure_future(self._deliver(current, written))
             try:
-                # The request goes out first (the task runs until it waits for the
-                # reply): the engine calls below may finish without ever yielding.
-                await asyncio.sleep(0)
+                await written
                 await self._settle()
                 if not self._look:  # (a pipe to look at again: its cursor may change)
                     ready = await self._prepare(cursor)
@@ -361,21 +362,27 @@ class FederationLink(PipeSide, PublishSide[int]):
         encoded = remote.encode([spec for _, spec in outgoing]) if outgoing else b""
         return Prepared(taken=batch, outgoing=outgoing, encoded=encoded)
 
-    async def _deliver(self, batch: Prepared) -> bool:
-        """Send the batch until the remote has all of it; False when stopping first."""
+    async def _deliver(self, batch: Prepared, written: asyncio.Future[None]) -> bool:
+        """Send the batch until the remote has all of it; False when stopping first.
+        ``written`` is done once the first request is written, or failed, or none was
+        needed."""
         attempt = 0
         outgoing = batch.outgoing
         encoded: bytes | None = batch.encoded
-        while outgoing and not self._stopping:
-            try:
-                left = await self._send(outgoing, encoded)
-            except RemoteError as exc:
-                attempt += 1
-                self.counters.retried += 1
-                await self._failed(exc, attempt)
-                continue
-            if left is not outgoing:
-                outgoing, encoded = left, None  # (a part left: encoded anew)
+        try:
+            while outgoing and not self._stopping:
+                try:
+                    left = await self._send(outgoing, encoded, written)
+                except RemoteError as exc:
+                    _done(written)
+                    attempt += 1
+                    self.counters.retried += 1
+                    await self._failed(exc, attempt)
+                    continue
+                if left is not outgoing:
+                    outgoing, encoded = left, None  # (a part left: encoded anew)
+        finally:
+            _done(written)
         return not self._stopping
 
     def _outgoing(self, message: Message) -> MessageSpec | None:
@@ -386,16 +393,19 @@ class FederationLink(PipeSide, PublishSide[int]):
         )  # fmt: skip
 
     async def _send(
-        self, outgoing: list[tuple[Message, MessageSpec]], encoded: bytes | None = None
+        self,
+        outgoing: list[tuple[Message, MessageSpec]],
+        encoded: bytes | None = None,
+        written: asyncio.Future[None] | None = None,
     ) -> list[tuple[Message, MessageSpec]]:
         """Publish ``outgoing`` to the remote (``encoded``: its document, when made
-        already); what is left to send (nothing, unless it raises
-        :class:`RemoteError` for the link to retry)."""
+        already; ``written``: done as it is written); what is left to send (nothing,
+        unless it raises :class:`RemoteError` for the link to retry)."""
         remote = self._remote
         assert remote is not None
         specs = [spec for _, spec in outgoing]
         try:
-            duplicates = await remote.publish(self.config.remote, specs, encoded)
+            duplicates = await remote.publish(self.config.remote, specs, encoded, written)
         except Refused as exc:
             if exc.status in NOT_THE_MESSAGE:
                 raise  # every message would be refused alike: the link waits, retrying
@@ -636,6 +646,11 @@ class FederationLink(PipeSide, PublishSide[int]):
                 self.counters.retried += 1
                 await self._failed(exc, attempt)
         return False
+
+
+def _done(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _behind(batch: int) -> int:

@@ -18,6 +18,7 @@ Outcomes (one tree)::
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -101,11 +102,16 @@ class Remote(Protocol):
         next batch while the remote works on the last)."""
 
     async def publish(
-        self, feed_url: str, messages: Sequence[MessageSpec], encoded: bytes | None = None
+        self,
+        feed_url: str,
+        messages: Sequence[MessageSpec],
+        encoded: bytes | None = None,
+        written: asyncio.Future[None] | None = None,
     ) -> list[bool]:
         """Publish ``messages`` (contents embedded) in one request, sending ``encoded``
         (:meth:`encode` of them) when given; for each, whether the remote had it
-        already (a duplicate)."""
+        already (a duplicate). ``written`` is done once the request's body is on its
+        way to the remote, so that a caller may go on with work of its own meanwhile."""
 
     async def create_pipe(self, feed_url: str, title: str) -> str:
         """A new durable pipe without lease near the feed ``feed_url``: its URL."""

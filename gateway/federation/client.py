@@ -158,12 +158,17 @@ class HttpRemote:
         return wire.message_document(messages)
 
     async def publish(
-        self, feed_url: str, messages: Sequence[MessageSpec], encoded: bytes | None = None
+        self,
+        feed_url: str,
+        messages: Sequence[MessageSpec],
+        encoded: bytes | None = None,
+        written: asyncio.Future[None] | None = None,
     ) -> list[bool]:
         """POST one JSON message document (contents embedded), ``encoded`` when given;
         one entry per message: True when the remote said it was a duplicate
-        (duplicate="1"), False otherwise. With tracing on, ``encoded`` is not used: each
-        message is sent with the context of its own hop's span."""
+        (duplicate="1"), False otherwise. ``written`` is done as the body is written
+        (:func:`_body_written`). With tracing on, ``encoded`` is not used: each message
+        is sent with the context of its own hop's span."""
         if not messages:
             return []
         if self._tracer is not None:  # each message's hop a span, its context carried on
@@ -175,7 +180,7 @@ class HttpRemote:
             encoded = None  # made before the spans: it carries the contexts they replace
         where = f"POST {redact(feed_url)}"
         document = wire.message_document(messages) if encoded is None else encoded
-        reply = await self._call("POST", feed_url, document)
+        reply = await self._call("POST", feed_url, document, written=written)
         wire.check(reply, where)
         entries = wire.publish_reply(reply, where)
         if len(entries) != len(messages):
@@ -521,16 +526,28 @@ class HttpRemote:
 
     # ------------------------------------------------------------ requests
     async def _call(
-        self, method: str, url: str, document: bytes | None = None, *, accept: str = JSON
+        self,
+        method: str,
+        url: str,
+        document: bytes | None = None,
+        *,
+        accept: str = JSON,
+        written: asyncio.Future[None] | None = None,
     ) -> wire.Reply:
         """One request that does not wait (:meth:`_send`)."""
-        reply = await self._send(method, url, document, accept, None)
+        reply = await self._send(method, url, document, accept, None, written)
         if reply is None:  # only a wait runs out without an answer
             raise Unavailable(f"{method} {redact(url)}: no answer")
         return reply
 
     async def _send(
-        self, method: str, url: str, document: bytes | None, accept: str, wait: float | None
+        self,
+        method: str,
+        url: str,
+        document: bytes | None,
+        accept: str,
+        wait: float | None,
+        written: asyncio.Future[None] | None = None,
     ) -> wire.Reply | None:
         """One request with the link's credentials, sent again once with a new token
         after a 401 of one fetched earlier; None when ``wait`` ran out."""
@@ -538,7 +555,7 @@ class HttpRemote:
         if document is not None:
             headers["Content-Type"] = JSON
         token, fresh = await self._bearer()
-        reply = await self._exchange(method, url, document, headers, token, wait)
+        reply = await self._exchange(method, url, document, headers, token, wait, written)
         if reply is not None and reply.status == 401 and self._auth.token_url and not fresh:
             token, _ = await self._bearer(stale=token)
             reply = await self._exchange(method, url, document, headers, token, wait)
@@ -586,9 +603,10 @@ class HttpRemote:
         headers: dict[str, str],
         token: str,
         wait: float | None,
+        written: asyncio.Future[None] | None = None,
     ) -> wire.Reply | None:
         """One HTTP exchange, bounded (module docstring); None when ``wait`` ran out
-        before the reply's head came."""
+        before the reply's head came. ``written``: done as the body is written."""
         where = f"{method} {redact(url)}"
         if token:
             headers = {**headers, "Authorization": f"Bearer {token}"}
@@ -598,7 +616,12 @@ class HttpRemote:
         try:
             async with asyncio.timeout(self._timeout if wait is None else wait) as bound:
                 async with session.request(
-                    method, url, data=body, headers=headers, allow_redirects=False
+                    method,
+                    url,
+                    data=body,
+                    headers=headers,
+                    allow_redirects=False,
+                    trace_request_ctx=written,
                 ) as reply:
                     answered = True
                     bound.reschedule(loop.time() + self._timeout)
@@ -651,7 +674,7 @@ class HttpRemote:
                     except (OSError, ssl.SSLError) as exc:
                         raise Unavailable(f"cannot load tls_ca {self._tls_ca}: {exc}") from exc
                 resolver: aiohttp.abc.AbstractResolver | None = None
-                traces: list[aiohttp.TraceConfig] = []
+                traces = [_body_written()]
                 if self._guard is not None:  # a run-time link (module docstring)
                     resolver = GuardedResolver(self._guard, aiohttp.ThreadedResolver())
                     traces.append(_literal_check(self._guard))
@@ -677,6 +700,25 @@ def _literal_check(guard: Guard) -> aiohttp.TraceConfig:
 
     traces = aiohttp.TraceConfig()
     traces.on_request_start.append(check)
+    return traces
+
+
+def _body_written() -> aiohttp.TraceConfig:
+    """Makes done the future a request was given as its ``trace_request_ctx``, as its
+    body is written: aiohttp writes a body in a task of its own, on a later turn of the
+    event loop, so a caller that went on working without a pause would hold the request
+    back (the remote idle meanwhile). The hook runs just before the write, in the same
+    step of that task: the caller resumes only after it."""
+
+    async def chunk(
+        session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestChunkSentParams
+    ) -> None:
+        written = context.trace_request_ctx
+        if isinstance(written, asyncio.Future) and not written.done():
+            written.set_result(None)
+
+    traces = aiohttp.TraceConfig()
+    traces.on_request_chunk_sent.append(chunk)
     return traces
 
 
