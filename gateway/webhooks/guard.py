@@ -167,6 +167,27 @@ class Guard:
         if reason is not None:
             raise RefusedAddress(f"the {self.what} address is {reason}")
 
+    def kept(self, host: str, addresses: Iterable[str]) -> list[str]:
+        """At connect time: the addresses ``host`` resolved to that the guard allows, in
+        their order (all of them for a host the configuration names); RefusedAddress
+        when none is."""
+        found = list(addresses)
+        if self.host_allowed(host):
+            return found
+        kept: list[str] = []
+        reasons: list[str] = []
+        for address in found:
+            reason = self.why_not(ipaddress.ip_address(address))
+            if reason is None:
+                kept.append(address)
+            else:
+                reasons.append(reason)
+        if not kept:
+            raise RefusedAddress(
+                f"the {self.what} host resolves only to refused addresses ({', '.join(reasons)})"
+            )
+        return kept
+
     async def admit(self, url: str) -> None:
         """At creation: 400 unless every address the callback's host has is allowed."""
         host = urlsplit(url).hostname or ""
@@ -215,22 +236,8 @@ class GuardedResolver(AbstractResolver):
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
-        if self._guard.host_allowed(host):
-            return found
-        kept: list[ResolveResult] = []
-        reasons: list[str] = []
-        for result in found:
-            reason = self._guard.why_not(ipaddress.ip_address(result["host"]))
-            if reason is None:
-                kept.append(result)
-            else:
-                reasons.append(reason)
-        if not kept:
-            raise RefusedAddress(
-                f"the {self._guard.what} host resolves only to refused addresses "
-                f"({', '.join(reasons)})"
-            )
-        return kept
+        allowed = self._guard.kept(host, [result["host"] for result in found])
+        return [result for result in found if result["host"] in allowed]
 
     async def close(self) -> None:
         await self._inner.close()
