@@ -26,6 +26,7 @@ from bridges.checks import redact
 from bridges.config import BridgeConfig
 from bridges.config import parse as parse_bridge
 from feeds.service import DEFAULT_DOMAIN, EngineConfig, FeedConfig
+from gateway.admin.bridge_guard import parse_bridge_allow
 from gateway.server.cors import Cors
 from gateway.server.cors import make as make_cors
 from gateway.server.hosts import Hosts
@@ -239,6 +240,8 @@ class Config:
     gateway_id: str = ""
     # CIDRs and host names federation links made at run time may reach despite the guard
     federation_allow: str = ""
+    # the same for AMQP and ZeroMQ bridges made at run time, and what they may bind on
+    bridge_allow: str = ""
     # Derived once, in __post_init__: the hot path must not rebuild them per request.
     codec: CodecLimits = field(init=False, repr=False, compare=False)
     limits: MessageLimits = field(init=False, repr=False, compare=False)
@@ -354,6 +357,7 @@ class Config:
             parse_trusted(self.trusted_proxies)
             parse_allow(split_allow(self.webhook_allow))
             parse_allow(split_allow(self.federation_allow), "federation_allow")
+            parse_bridge_allow(self.bridge_allow)
             object.__setattr__(self, "hosts", Hosts(self.public_url, self.allowed_hosts, self.host))
             cors = make_cors(
                 self.cors_origins,
