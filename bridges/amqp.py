@@ -137,7 +137,9 @@ class AmqpBridge(PipeSide, PublishSide[Arrival]):
     # ------------------------------------------------------------ the proton link
     def _start_link(self) -> None:
         loop = asyncio.get_running_loop()
-        self._link = Link(self.config, loop, self._events, max_message_size=self._max_size)
+        self._link = Link(
+            self.config, loop, self._events, max_message_size=self._max_size, reach=self._guard
+        )
         if self.health.state.name == "stopped":
             self.health.state.move("connecting")  # from now: the thread says so a bit later
         self._link.start()

@@ -38,6 +38,14 @@ asyncio side can tell arrivals of a lost connection from current ones.
 
 **Connecting.** One URL at a time, in order (failover); any failure moves the link
 to ``retrying`` and a timer reconnects after a capped exponential backoff with jitter.
+
+**Guarded.** A bridge made at run time asks the gateway's guard (``reach``:
+bridges.base.Reach) before each attempt. A URL naming a host is resolved here, by the
+guard, and proton is given the first address the guard allows, with the name as the
+connection's ``virtual_host``: the Open frame's hostname and the TLS peer name (SNI,
+and the certificate check of ``tls_verify``) stay the name's, while no second DNS
+answer comes between the check and the socket. A refused address, or a name that
+resolves only to refused ones, is a failed attempt that says why.
 """
 
 from __future__ import annotations
@@ -47,6 +55,7 @@ import collections
 import contextlib
 import logging
 import os
+import socket
 import threading
 import time
 import urllib.parse
@@ -58,7 +67,7 @@ from proton.handlers import MessagingHandler
 from proton.reactor import ApplicationEvent, Container, EventInjector, LinkOption
 
 from .amqp_map import Unmappable, from_amqp
-from .base import backoff
+from .base import Reach, backoff
 from .checks import redact
 from .config import AmqpBridgeConfig
 
@@ -118,10 +127,12 @@ class Link(MessagingHandler):
         on_events: Callable[[list[tuple[Any, ...]]], None],
         *,
         max_message_size: int,
+        reach: Reach | None = None,
     ) -> None:
         super().__init__(prefetch=0, auto_accept=False, auto_settle=True, peer_close_is_error=True)
         self.config = config
         self.max_message_size = max_message_size
+        self._reach = reach  # a bridge made at run time: the guard (Guarded, above)
         self._loop = loop
         self._on_events = on_events
         self._lock = threading.Lock()
@@ -234,6 +245,12 @@ class Link(MessagingHandler):
         self._emit(("state", "connecting", shown, ""))
         try:
             address, user, password = _split_credentials(url)
+            address, name = self._guarded(address)
+        except OSError as exc:  # refused by the guard, or the name does not resolve
+            self._conn = None
+            self._failed(f"cannot connect to {shown}: {exc}")
+            return
+        try:
             user = user or config.user
             password = password or config.password
             options: dict[str, Any] = {
@@ -248,6 +265,8 @@ class Link(MessagingHandler):
                 options["password"] = password
             if url.startswith("amqps:"):
                 options["ssl_domain"] = self._ssl_domain()
+            if name:  # the Open frame's hostname and the TLS peer name (SNI, checked)
+                options["virtual_host"] = name
             self._conn = self._container.connect(url=address, **options)
         except Exception as exc:  # a bad URL, a TLS file that cannot be read: a failed try
             self._conn = None
@@ -260,6 +279,22 @@ class Link(MessagingHandler):
                 self._conn, config.source, options=_Durable(config.durable)
             )
         self._senders.clear()
+
+    def _guarded(self, address: str) -> tuple[str, str]:
+        """The URL to connect to, and the host name it stands for ("": the URL's own):
+        for a guarded bridge whose URL names a host, the URL of the first address the
+        guard allows that name to have now."""
+        if self._reach is None:
+            return address, ""
+        parts = urllib.parse.urlsplit(address)
+        host = parts.hostname or ""
+        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+        checked = self._reach.addresses(host, port, socket.AF_UNSPEC)[0]
+        if checked == host:
+            return address, ""
+        netloc = f"[{checked}]" if ":" in checked else checked
+        netloc += f":{parts.port}" if parts.port else ""
+        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), host
 
     def _ssl_domain(self) -> SSLDomain:
         domain = SSLDomain(SSLDomain.MODE_CLIENT)

@@ -162,11 +162,26 @@ class Health:
 Notify = Callable[[str, str, str, dict[str, str]], None]
 
 
+class Reach(Protocol):
+    """The guard of the AMQP and ZeroMQ bridges made at run time (the gateway's; its
+    policy: gateway/admin/bridge_guard.py), asked before each connection. Bridges of
+    the configuration file are not guarded."""
+
+    def endpoint(self, endpoint: str, *, bind: bool) -> str | None:
+        """Why a ZeroMQ endpoint may not be bound or connected to (None: it may, or it
+        connects to a host name: :meth:`addresses` checks that)."""
+
+    def addresses(self, host: str, port: int, family: int) -> list[str]:
+        """The addresses a connection to ``host`` may go to now, in order; an
+        ``OSError`` saying why there is none. Blocking: call it from a thread."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Host:
     """What the gateway gives its bridges: the engine service (committing and paging
-    are its business), where link events go, the limits a bridge's pipe must keep, and
-    the HTTP client federation links reach other gateways with."""
+    are its business), where link events go, the limits a bridge's pipe must keep, the
+    HTTP client federation links reach other gateways with, and the guard of the
+    bridges made at run time."""
 
     engine: EngineService
     notify: Notify | None = None  # None: management events are off
@@ -176,6 +191,7 @@ class Host:
     connect: Connect | None = None  # federation links' remote gateways; None: no links
     dead_letter_feed: str = ""  # the gateway's, for what a pull link may not publish
     tracer: Tracer | None = None  # spans of messages sent and received; None: tracing off
+    reach: Reach | None = None  # the guard of run-time AMQP and ZeroMQ bridges; None: none
 
 
 class Bridge(Protocol):

@@ -72,6 +72,8 @@ class BridgeCore:
         self._tracer = host.tracer  # None: tracing is off (bridges.tracing)
         self._owner = owner_of(name)
         self._configured = configured
+        # the guard of AMQP and ZeroMQ bridges made at run time (the operator's are not)
+        self._guard = None if configured else host.reach
         self.health = Health(counters=counters)
         self.health.state.watch = self._link_moved
         self.health.watch_error = self._link_error

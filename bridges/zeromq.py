@@ -35,7 +35,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
+from socket import AF_INET
 from typing import Any, cast
 
 import zmq
@@ -53,6 +54,14 @@ from .config import ZmqBridgeConfig
 from .zmq_wire import Malformed, decode, encode
 
 log = logging.getLogger(__name__)
+
+RESOLVE_TIMEOUT = 10.0  # seconds a guarded bridge waits for a peer's name to resolve
+RECHECK = 30.0  # seconds between a guarded bridge's looks at its peers' names
+
+
+class Unreachable(Exception):
+    """A run-time bridge's endpoint the guard refuses, or a name that does not resolve."""
+
 
 SOCKET_TYPES = {
     "pub": zmq.XPUB,
@@ -245,10 +254,14 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
             if self.health.state.name == "retrying":
                 self.health.state.move("connecting")
             try:
-                self._open_socket()
-            except zmq.ZMQError as exc:
+                targets = await self._targets()
+                self._open_socket(targets)
+            except (zmq.ZMQError, Unreachable) as exc:
                 self._close_socket()
-                self.health.error(f"cannot open {', '.join(self.config.endpoints)}: {exc}")
+                shown = ", ".join(self.config.endpoints)
+                self.health.error(
+                    str(exc) if isinstance(exc, Unreachable) else f"cannot open {shown}: {exc}"
+                )
                 self.health.state.move("retrying")
                 attempt += 1
                 await self._sleep(backoff(attempt, 0.5, 30.0))
@@ -262,8 +275,58 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
         self._spawn(self._watch(), "monitor")
         for index, work in enumerate(self._workers()):
             self._spawn(work, f"loop{index}")
+        if targets != list(self.config.endpoints):  # host names pinned to addresses
+            self._spawn(self._recheck(targets), "recheck")
 
-    def _open_socket(self) -> None:
+    async def _targets(self, now: Sequence[str] = ()) -> list[str]:
+        """The endpoints to bind or connect: the definition's; for a bridge made at run
+        time each one checked by the guard, and a host name to connect to replaced by
+        an address the guard allows it now (``now``'s, while it still does), so
+        libzmq, which resolves names itself, never looks one up (Unreachable: why not)."""
+        reach, config = self._guard, self.config
+        if reach is None:
+            return list(config.endpoints)
+        targets = []
+        for index, endpoint in enumerate(config.endpoints):
+            reason = reach.endpoint(endpoint, bind=config.bind)
+            if reason is not None:
+                raise Unreachable(f"cannot open {endpoint}: {reason}")
+            if config.bind or not endpoint.startswith("tcp://"):
+                targets.append(endpoint)
+                continue
+            host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+            try:  # IPv4: the bridges' sockets are, as libzmq's are by default
+                async with asyncio.timeout(RESOLVE_TIMEOUT):
+                    found = await asyncio.to_thread(reach.addresses, host, int(port), AF_INET)
+            except TimeoutError:
+                raise Unreachable(f"cannot open {endpoint}: {host} did not resolve") from None
+            except OSError as exc:
+                raise Unreachable(f"cannot open {endpoint}: {exc}") from None
+            pinned = now[index] if now else ""
+            address = pinned.removeprefix("tcp://").rsplit(":", 1)[0].strip("[]")
+            if address not in found:
+                address = found[0]
+            targets.append(
+                f"tcp://[{address}]:{port}" if ":" in address else f"tcp://{address}:{port}"
+            )
+        return targets
+
+    async def _recheck(self, targets: list[str]) -> None:
+        """Look the names up again every RECHECK seconds; when an address in use is not
+        among those the guard allows the name now, open the socket again (the guard
+        decides afresh, and while it refuses the bridge retries, saying why)."""
+        while True:
+            await asyncio.sleep(RECHECK)
+            try:
+                now = await self._targets(targets)
+            except Unreachable:  # opening again says why
+                now = []
+            if now != targets:
+                log.info("bridge %s: its peers' addresses changed: opening again", self.name)
+                asyncio.get_running_loop().call_soon(self._restart)
+                return
+
+    def _open_socket(self, targets: Sequence[str]) -> None:
         c = self.config
         sock = self._context.socket(SOCKET_TYPES[c.socket])
         self._socket = sock
@@ -292,13 +355,13 @@ class ZmqBridge(PipeSide, PublishSide[Any]):
         self._monitor = sock.get_monitor_socket(_MONITORED)
         self._sync = zmq.Socket.shadow(sock.underlying)
         self.bound = []
-        for endpoint in c.endpoints:
+        for endpoint, target in zip(c.endpoints, targets, strict=True):
             if c.bind:
-                sock.bind(endpoint)
+                sock.bind(target)
                 last = sock.getsockopt(zmq.LAST_ENDPOINT)
                 self.bound.append(last.decode() if isinstance(last, bytes) else str(last))
             else:
-                sock.connect(endpoint)
+                sock.connect(target)
                 self.bound.append(endpoint)
         self.health.url = ", ".join(self.bound)
 

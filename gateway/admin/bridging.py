@@ -22,6 +22,19 @@ resolve yet is let through), and again at every connection it makes
 from a run under another configuration, is still held to the guard. Links of the
 configuration file are the operator's: no guard.
 
+AMQP 1.0 and ZeroMQ bridges made here are held to the same guard with their own setting,
+``bridge_allow`` (gateway/admin/bridge_guard.py; docs/AMQP.md and docs/ZEROMQ.md,
+"Security"): an AMQP ``urls`` host, or a ZeroMQ endpoint's host to connect to, that is
+an address literal the guard refuses or a name that resolves to one is 403 when the
+bridge is made; a ZeroMQ bridge binds only on loopback, or on what ``bridge_allow``
+names (``tcp://*`` for every interface), and uses ``ipc://`` and ``inproc://``
+endpoints only where an entry of that scheme allows them. Before each connection the
+bridge asks the guard again and connects to the address it checked, not to the name
+(proton and libzmq would look the name up again themselves): an AMQP bridge keeps the
+name for the broker's virtual host and the TLS peer name; a ZeroMQ bridge looks its
+peers' names up again every 30 s and opens its socket again when the address it uses
+is no longer one the guard allows. Bridges of the configuration file: no guard.
+
 And, public, the gateway's id that federation links name it by (docs/FEDERATION.md)::
 
     GET    /.well-known/restms-gateway  {"gateway_id": "..."}
@@ -45,6 +58,7 @@ from bridges.federation.config import FederationConfig
 from bridges.federation.remote import Auth, Remote
 from bridges.registry import EngineKept, FileKept, Kept, Registry
 from feeds.service import DEFAULT_DOMAIN, EngineService
+from gateway.admin.bridge_guard import BridgeGuard
 from gateway.auth.authn import PRINCIPAL
 from gateway.federation.client import HttpRemote
 from gateway.restms import http
@@ -87,7 +101,8 @@ def remote_guard(config: Config) -> Guard:
 
 
 def make_host(app: web.Application) -> Host:
-    """What the bridges get: the app's engine service, and the system feed."""
+    """What the bridges get: the app's engine service, the system feed, and the guards
+    of bridges made at run time."""
     service, config = app[SERVICE], app[CONFIG]
     events = service.events
     tracer = tracing.tracer(config)  # None unless tracing is on (docs/TRACING.md)
@@ -119,6 +134,7 @@ def make_host(app: web.Application) -> Host:
         connect=connect,
         dead_letter_feed=config.dead_letter_feed,
         tracer=tracer,
+        reach=BridgeGuard(config.bridge_allow),
     )
 
 
@@ -216,6 +232,8 @@ async def create_bridge(request: web.Request) -> web.Response:
     await _need_admin(request, config.feed)
     if isinstance(config, FederationConfig):
         await _admit_remote(request.app[CONFIG], config)
+    else:
+        await BridgeGuard(request.app[CONFIG].bridge_allow).admit(config)
     bridge, created = await request.app[BRIDGES].create(config)
     location = f"{http.origin(request)}{BRIDGES_PATH}/{bridge.name}"
     return http.json_reply(bridge.status(), 201 if created else 200, location)

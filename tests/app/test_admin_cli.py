@@ -448,7 +448,7 @@ async def test_clients_add_list_revoke(make_gateway: MakeGateway) -> None:
 
 
 async def test_bridges_from_a_toml_file(make_gateway: MakeGateway, tmp_path: Path) -> None:
-    live = await start(make_gateway)
+    live = await start(make_gateway, bridge_allow="127.0.0.1")  # a run-time bridge's broker
     env = live.env
     definition = tmp_path / "out.toml"
     await asyncio.to_thread(
@@ -480,6 +480,11 @@ async def test_bridges_from_a_toml_file(make_gateway: MakeGateway, tmp_path: Pat
     text = '{"name": "x", "direction": "out", "feed": "orders", "urls": ["amqp://h"]}'
     await asyncio.to_thread(bad.write_text, text)
     await fails(1, "needs a target", "bridges", "add", str(bad), **env)
+    meta = tmp_path / "meta.json"  # bridge_allow names loopback, not the metadata address
+    text = text.replace("amqp://h", "amqp://169.254.169.254").replace("}", ', "target": "/q"}')
+    await asyncio.to_thread(meta.write_text, text)
+    err = await fails(1, " 403 ", "bridges", "add", str(meta), **env)
+    assert "urls: amqp://169.254.169.254: the peer address is link-local" in err
     await fails(2, "cannot read", "bridges", "add", str(tmp_path / "absent.toml"), **env)
 
 

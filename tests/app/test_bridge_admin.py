@@ -3,7 +3,8 @@
 No broker is needed: every bridge points at a port nothing listens on, so its link
 stays in ``connecting``/``retrying`` and an outbound bridge's messages wait in its
 internal pipe -- which is exactly the state the resource must report, refuse to
-delete without ``?discard=true``, and keep over a restart.
+delete without ``?discard=true``, and keep over a restart. That port is on loopback,
+which a bridge made at run time reaches only when ``bridge_allow`` names it (ALLOW).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ pytestmark = pytest.mark.app
 ISS = "http://gw.test"
 ADMIN = "/admin/bridges"
 NOWHERE = "amqp://127.0.0.1:1"  # refuses connections: bridges never get "up"
+ALLOW = "127.0.0.1"  # bridge_allow: run-time bridges may reach NOWHERE
 FEEDS = (FeedConfig(name="orders", type="fanout"), FeedConfig(name="other.x", type="fanout"))
 SCOPES = {
     "root": "restms:admin",
@@ -68,6 +70,7 @@ async def admin_gateway(make_gateway: MakeGateway, **overrides: Any) -> tuple[Ga
     (``guest``: none at all, the loopback guest)."""
     configured, secrets = await clients(**SCOPES)
     overrides.setdefault("feeds", FEEDS)
+    overrides.setdefault("bridge_allow", ALLOW)
     gw = await make_gateway(clients=configured, oauth_issuer=ISS, **overrides)
     auth = {"guest": ""}
     for name, secret in secrets.items():
@@ -378,7 +381,7 @@ async def test_only_admins_of_the_bridge_feed_reach_it(make_gateway: MakeGateway
 async def test_the_loopback_guest_is_admin_only_when_configured(
     make_gateway: MakeGateway,
 ) -> None:
-    gw = await make_gateway(feeds=FEEDS, guest_scopes="restms:admin")
+    gw = await make_gateway(feeds=FEEDS, guest_scopes="restms:admin", bridge_allow=ALLOW)
     status, reply, _ = await call(gw, "", "POST", definition=outbound())
     assert status == 201, reply
     status, reply, _ = await call(gw, "", "DELETE", f"{ADMIN}/out")

@@ -151,7 +151,7 @@ async def test_nor_over_a_websocket(gw: Gateway) -> None:
 
 
 async def test_no_bridge_publishes_into_the_system_feed(make_gateway: MakeGateway) -> None:
-    gw = await make_gateway(guest_scopes="restms:admin")
+    gw = await make_gateway(guest_scopes="restms:admin", bridge_allow="127.0.0.1")
     inbound = {"name": "in", "direction": "in", "urls": ["amqp://127.0.0.1:1"],
                "feed": "restms.system", "source": "/queue/x"}  # fmt: skip
     async with gw.http.post("/admin/bridges", json=inbound) as r:
@@ -372,7 +372,12 @@ async def test_webhook_failing(make_gateway: MakeGateway) -> None:
 
 # ---------------------------------------------------------------- bridges
 async def test_bridge_amqp_down_to_a_port_nothing_listens_on(make_gateway: MakeGateway) -> None:
-    gw = await make_gateway(guest_scopes="restms:admin", feeds=(FeedConfig(name="orders"),), **FAST)
+    gw = await make_gateway(
+        guest_scopes="restms:admin",
+        feeds=(FeedConfig(name="orders"),),
+        bridge_allow="127.0.0.1",  # loopback, for a bridge made at run time
+        **FAST,
+    )
     watcher = await Watcher.start(gw, "bridge.#")
     url = f"amqp://user:hunter2@127.0.0.1:{closed_port()}"
     definition = {"name": "out", "direction": "out", "urls": [url], "feed": "orders",

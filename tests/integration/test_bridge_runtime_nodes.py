@@ -42,6 +42,7 @@ def config(path: Path) -> Path:
     path.write_text(
         """
 guest_scopes = "restms:admin restms:read restms:publish restms:subscribe"
+bridge_allow = "127.0.0.1"  # the broker, for a bridge made at run time
 
 [[feeds]]
 name = "orders"

@@ -25,7 +25,12 @@ async def test_a_bridge_link_up_down_and_up_again(
     make_gateway: MakeGateway, broker: Broker, queue_name: str
 ) -> None:
     await asyncio.to_thread(broker.declare_queue, queue_name)
-    gw = await gateway(make_gateway, guest_scopes="restms:admin", events_interval=0.5)
+    gw = await gateway(
+        make_gateway,
+        guest_scopes="restms:admin",
+        events_interval=0.5,
+        bridge_allow="127.0.0.1",  # the broker, for a bridge made at run time
+    )
     watcher = await Watcher.start(gw, "bridge.amqp.*")
     definition = outbound("out", f"/queue/{queue_name}")
     async with gw.http.post("/admin/bridges", json=definition) as r:
