@@ -2,10 +2,11 @@
 127.0.0.1:5672 and real ZeroMQ peers on 127.0.0.1 (docs/AMQP.md and docs/ZEROMQ.md,
 "Security"): loopback is reached only when ``bridge_allow`` names it, and then a
 message crosses, by address and by name (the bridge connects to the address the guard
-checked); bridges of the configuration file reach loopback without it; and run-time
-bridges kept from a run whose ``bridge_allow`` was wider are checked again when the
-gateway starts under a narrower one: they do not connect, say why, and send what
-waited once the setting allows them again.
+checked, and TLS still checks the name); bridges of the configuration file reach
+loopback without it; run-time bridges kept from a run whose ``bridge_allow`` was wider
+are checked again when the gateway starts under a narrower one: they do not connect,
+say why, and send what waited once the setting allows them again; and a ZeroMQ
+bridge whose peer's name comes to stand for a refused address stops using it.
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from typing import Any
 
 import pytest
 
+from bridges import zeromq
 from bridges.common import owner_of
 from bridges.config import parse
+from gateway.admin import bridging
+from gateway.admin.bridge_guard import BridgeGuard
 from gateway.admin.bridging import BRIDGES
 from gateway.server.keys import SERVICE
 from tests.conftest import Gateway, MakeGateway
@@ -228,3 +232,44 @@ async def test_a_guarded_amqps_bridge_verifies_the_name_it_was_given(
         [got_message] = await take(gw, pipe, 1)
         assert content_bytes(got_message) == b"over tls"
         await gw.stop()
+
+
+class Moving(BridgeGuard):
+    """The gateway's guard, with one name of the test's whose address the test sets (no
+    DNS): what ``peer.test`` stands for goes through the guard like a resolver's answer."""
+
+    points_to = "127.0.0.1"
+
+    def addresses(self, host: str, port: int, family: int) -> list[str]:
+        if host == "peer.test":
+            return super().addresses(Moving.points_to, port, family)
+        return super().addresses(host, port, family)
+
+
+async def test_a_zeromq_bridge_follows_its_peers_name_only_where_the_guard_allows(
+    make_gateway: MakeGateway, peers: Peers, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its peer's name comes to stand for a refused address: at its next look the
+    bridge closes its socket and says why, what is published waits in its pipe; the
+    name stands for the peer again: it connects, and the message crosses."""
+    monkeypatch.setattr(bridging, "BridgeGuard", Moving)
+    monkeypatch.setattr(zeromq, "RECHECK", 0.2)
+    worker = await peers.start("pull", "--bind", "--endpoint", "tcp://127.0.0.1:*")
+    named = worker.endpoint.replace("127.0.0.1", "peer.test")
+    gw = await make_gateway(**ADMIN, bridge_allow="127.0.0.1")
+    got, text = await create(gw, push("zmq", named))  # peer.test: no DNS answer, let in
+    assert got == 201, text
+    await all_up(gw)
+    await publish(gw, "orders", message("first"))
+    assert await body_from_peer(worker) == b"first"
+
+    the = gw.app[BRIDGES].get("zmq")
+    monkeypatch.setattr(Moving, "points_to", "10.9.9.9")
+    await until(lambda: the.health.state.name == "retrying", 10, "the socket closed")
+    assert the.health.last_error.startswith(
+        f"cannot open {named}: the peer address is private: a bridge made at run time"
+    )
+    await publish(gw, "orders", message("second"))
+    monkeypatch.setattr(Moving, "points_to", "127.0.0.1")
+    await all_up(gw)
+    assert await body_from_peer(worker) == b"second"
