@@ -41,10 +41,11 @@ to ``retrying`` and a timer reconnects after a capped exponential backoff with j
 
 **Guarded.** A bridge made at run time asks the gateway's guard (``reach``:
 bridges.base.Reach) before each attempt. A URL naming a host is resolved here, by the
-guard, and proton is given the first address the guard allows, with the name as the
-connection's ``virtual_host``: the Open frame's hostname and the TLS peer name (SNI,
-and the certificate check of ``tls_verify``) stay the name's, while no second DNS
-answer comes between the check and the socket. A refused address, or a name that
+guard, and proton is given one address the guard allows (the first; after each failed
+attempt of that URL the next, as proton itself would try them in turn), with the name
+as the connection's ``virtual_host``: the Open frame's hostname and the TLS peer name
+(SNI, and the certificate check of ``tls_verify``) stay the name's, while no second
+DNS answer comes between the check and the socket. A refused address, or a name that
 resolves only to refused ones, is a failed attempt that says why.
 """
 
@@ -95,6 +96,22 @@ def _split_credentials(url: str) -> tuple[str, str, str]:
     bare = urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
     user = urllib.parse.unquote(parts.username or "")
     return bare, user, urllib.parse.unquote(parts.password or "")
+
+
+def guarded(address: str, reach: Reach, turn: int) -> tuple[str, str]:
+    """For a guarded bridge: the URL to connect to, and the host name it stands for
+    ("": the URL's own). A URL naming a host becomes the URL of an address the guard
+    allows that name to have now: the ``turn``-th, round the list (Guarded, above)."""
+    parts = urllib.parse.urlsplit(address)
+    host = parts.hostname or ""
+    port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
+    allowed = reach.addresses(host, port, socket.AF_UNSPEC)
+    checked = allowed[turn % len(allowed)]
+    if checked == host:
+        return address, ""
+    netloc = f"[{checked}]" if ":" in checked else checked
+    netloc += f":{parts.port}" if parts.port else ""
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), host
 
 
 class _Durable(LinkOption):
@@ -151,6 +168,7 @@ class Link(MessagingHandler):
         self.generation = 0  # read by the asyncio side (an int: atomic)
         self._conn: Any = None
         self._url_index = -1
+        self._turns: dict[int, int] = {}  # URL index -> failed attempts (Guarded, above)
         self._attempt = 0
         self._up = False
         self._opened_at = 0.0
@@ -245,7 +263,10 @@ class Link(MessagingHandler):
         self._emit(("state", "connecting", shown, ""))
         try:
             address, user, password = _split_credentials(url)
-            address, name = self._guarded(address)
+            name = ""
+            if self._reach is not None:
+                turn = self._turns.get(self._url_index, 0)
+                address, name = guarded(address, self._reach, turn)
         except OSError as exc:  # refused by the guard, or the name does not resolve
             self._conn = None
             self._failed(f"cannot connect to {shown}: {exc}")
@@ -280,22 +301,6 @@ class Link(MessagingHandler):
             )
         self._senders.clear()
 
-    def _guarded(self, address: str) -> tuple[str, str]:
-        """The URL to connect to, and the host name it stands for ("": the URL's own):
-        for a guarded bridge whose URL names a host, the URL of the first address the
-        guard allows that name to have now."""
-        if self._reach is None:
-            return address, ""
-        parts = urllib.parse.urlsplit(address)
-        host = parts.hostname or ""
-        port = parts.port or (5671 if parts.scheme == "amqps" else 5672)
-        checked = self._reach.addresses(host, port, socket.AF_UNSPEC)[0]
-        if checked == host:
-            return address, ""
-        netloc = f"[{checked}]" if ":" in checked else checked
-        netloc += f":{parts.port}" if parts.port else ""
-        return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), host
-
     def _ssl_domain(self) -> SSLDomain:
         domain = SSLDomain(SSLDomain.MODE_CLIENT)
         if self.config.tls_ca:
@@ -328,6 +333,7 @@ class Link(MessagingHandler):
         conn, self._conn = self._conn, None
         if self._up and time.monotonic() - self._opened_at > HEALTHY:
             self._attempt = 0  # it worked for a while: start the backoff afresh
+        self._turns[self._url_index] = self._turns.get(self._url_index, 0) + 1
         self._up = False
         self._receiver = None
         self._senders.clear()

@@ -2,16 +2,19 @@
 (gateway/admin/bridge_guard.py; docs/AMQP.md and docs/ZEROMQ.md, "Security"): read
 from the TOML file and from ``RESTMS_BRIDGE_ALLOW``, a bad entry stops the gateway
 naming the setting, and the policy as a table: what a run-time bridge may connect to,
-bind on and use, with the setting and without it. Only ``localhost`` is resolved."""
+bind on and use, with the setting and without it; and the URL a guarded AMQP bridge
+gives proton. Only ``localhost`` is resolved."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import socket
 from pathlib import Path
 
 import pytest
 
+from bridges.amqp_link import guarded
 from gateway.admin.bridge_guard import BridgeGuard, parse_bridge_allow
 from gateway.server.config import Config, ConfigError, load
 from gateway.webhooks.guard import RefusedAddress
@@ -102,3 +105,33 @@ def test_addresses_checks_literals_and_what_names_resolve_to() -> None:
     assert BridgeGuard("127.0.0.0/8").addresses("localhost", 5672, socket.AF_INET) == ["127.0.0.1"]
     # a name the setting names is let through whatever it resolves to
     assert BridgeGuard("localhost").addresses("localhost", 5672, socket.AF_INET) == ["127.0.0.1"]
+
+
+class Two:
+    """A guard whose every name has two allowed addresses."""
+
+    def endpoint(self, endpoint: str, *, bind: bool) -> str | None:
+        return None
+
+    def addresses(self, host: str, port: int, family: int) -> list[str]:
+        try:
+            return [str(ipaddress.ip_address(host))]  # a literal: as the guard keeps it
+        except ValueError:
+            return ["192.0.2.1", "2001:db8::1"]
+
+
+@pytest.mark.parametrize(
+    ("url", "turn", "connects_to", "name"),
+    [
+        ("amqps://broker.example:5671/vh", 0, "amqps://192.0.2.1:5671/vh", "broker.example"),
+        ("amqp://broker.example", 1, "amqp://[2001:db8::1]", "broker.example"),
+        ("amqp://broker.example:5672", 2, "amqp://192.0.2.1:5672", "broker.example"),
+        ("amqp://8.8.8.8:5672", 1, "amqp://8.8.8.8:5672", ""),
+    ],
+)
+def test_a_guarded_amqp_bridge_connects_to_a_checked_address_in_turn(
+    url: str, turn: int, connects_to: str, name: str
+) -> None:
+    """The name stays for the Open frame and TLS (``virtual_host``); a URL whose host is
+    an address is kept as it is."""
+    assert guarded(url, Two(), turn) == (connects_to, name)
