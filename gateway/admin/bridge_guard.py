@@ -13,8 +13,9 @@ on every interface; or, through ``ipc://``, replace any file the gateway may wri
   federation links (gateway/webhooks/guard.py), its refused ranges and its syntax
   (networks, addresses, host names);
 * **bind** (ZeroMQ, ``bind = true``) only on a loopback address, or on an address of
-  this machine that a ``bridge_allow`` network holds; on every interface (``*``,
-  ``0.0.0.0``, ``[::]``) only when ``bridge_allow`` has the entry ``tcp://*``; never
+  this machine that a ``tcp://NETWORK`` entry holds (``tcp://10.0.0.5``: an entry of
+  its own, so that allowing a bind on an address does not allow connecting to it); on
+  every interface (``*``, ``0.0.0.0``, ``[::]``) only with the entry ``tcp://*``; never
   on an interface name (``eth0``: which address it stands for is not checked);
 * use **ipc:// and inproc://** endpoints only where a ``bridge_allow`` entry of that
   scheme allows them: an entry ending in ``/`` allows every endpoint that begins with
@@ -48,7 +49,7 @@ from bridges.config import (
     BridgeConfig,
     ZmqBridgeConfig,
 )
-from gateway.webhooks.guard import Guard, RefusedAddress, split_allow
+from gateway.webhooks.guard import Guard, Network, RefusedAddress, split_allow
 from restms.errors import Forbidden
 
 SETTING = "bridge_allow"
@@ -63,6 +64,7 @@ class BridgeAllow:
 
     hosts: tuple[str, ...]  # networks, addresses, host names (the guard's syntax)
     wildcard: bool  # tcp://*: binds on every interface
+    binds: tuple[Network, ...]  # tcp://NETWORK: binds on its addresses of this machine
     local: tuple[str, ...]  # ipc:// and inproc:// entries
 
 
@@ -70,21 +72,31 @@ def parse_bridge_allow(value: str) -> BridgeAllow:
     """``bridge_allow``'s entries (ValueError naming the setting and the entry)."""
     hosts: list[str] = []
     local: list[str] = []
+    binds: list[Network] = []
     wildcard = False
     for entry in split_allow(value):
         if entry == WILDCARD:
             wildcard = True
         elif entry.startswith(("ipc://", "inproc://")) and not _climbs(entry):
             local.append(entry)
+        elif entry.startswith("tcp://") and (network := _network(entry[6:])) is not None:
+            binds.append(network)
         elif "://" in entry:
             raise ValueError(
-                f"{SETTING}: {entry!r} is not an endpoint entry "
-                f"({WILDCARD}, ipc://PATH or inproc://NAME, with no '..')"
+                f"{SETTING}: {entry!r} is not an endpoint entry ({WILDCARD}, "
+                "tcp://NETWORK, ipc://PATH or inproc://NAME, with no '..')"
             )
         else:
             hosts.append(entry)
     Guard(hosts, setting=SETTING)  # checks the networks and names
-    return BridgeAllow(tuple(hosts), wildcard, tuple(local))
+    return BridgeAllow(tuple(hosts), wildcard, tuple(binds), tuple(local))
+
+
+def _network(text: str) -> Network | None:
+    try:
+        return ipaddress.ip_network(text.strip("[]"), strict=False)
+    except ValueError:
+        return None
 
 
 def _climbs(endpoint: str) -> bool:
@@ -100,6 +112,7 @@ class BridgeGuard:
         allow = parse_bridge_allow(value)
         self._guard = Guard(allow.hosts, what="peer", setting=SETTING)
         self._wildcard = allow.wildcard
+        self._binds = allow.binds
         self._local = allow.local
 
     # ------------------------------------------------------------ bridges.base.Reach
@@ -195,9 +208,9 @@ class BridgeGuard:
             return f"binds on the interface {host!r}: a bridge made at run time binds on an address"
         if ip.is_unspecified:
             return None if self._wildcard else f"binds on every interface: {BIND} ({WILDCARD})"
-        if ip.is_loopback or any(ip in network for network in self._guard.networks):
+        if ip.is_loopback or any(ip in network for network in self._binds):
             return None
-        return f"binds on {ip}, which is not loopback: {BIND}"
+        return f"binds on {ip}, which is not loopback: {BIND} (tcp://{ip})"
 
     def _local_allowed(self, endpoint: str) -> bool:
         if _climbs(endpoint):

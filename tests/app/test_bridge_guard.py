@@ -111,8 +111,9 @@ async def test_an_ipc_bind_is_refused_and_leaves_the_file_at_its_path(
 
 
 async def test_bridge_allow_lets_what_it_names(make_gateway: MakeGateway, tmp_path: Path) -> None:
-    """A network lets its addresses through (to connect to, or, of this machine, to
-    bind on), a name that name, an endpoint entry its endpoints: each bridge is made."""
+    """A network lets bridges connect to its addresses, a name to that name, an
+    endpoint entry use its endpoints: each bridge is made (binds on other addresses
+    than loopback: tests/unit/test_bridge_allow.py, this test stays on loopback)."""
     folder = tmp_path / "sockets"
     await asyncio.to_thread(folder.mkdir)
     allow = f"127.0.0.0/8 localhost ipc://{folder}/ inproc://made.here"

@@ -21,7 +21,7 @@ from gateway.webhooks.guard import RefusedAddress
 
 REACH = "a bridge made at run time may reach only public addresses, or those bridge_allow names"
 BIND = "a bridge made at run time binds on loopback, or on what bridge_allow names"
-WIDE = "10.0.0.0/8 broker.internal tcp://* ipc:///run/restms/ inproc://made.here"
+WIDE = "10.0.0.0/8 broker.internal tcp://* tcp://10.0.0.0/8 ipc:///run/restms/ inproc://made.here"
 
 
 def test_bridge_allow_from_toml_and_environment(tmp_path: Path) -> None:
@@ -44,7 +44,10 @@ def test_bridge_allow_from_toml_and_environment(tmp_path: Path) -> None:
         ("10.0.0.0/33", "'10.0.0.0/33' is neither a CIDR nor a host name"),
         ("no_underscores.example", "'no_underscores.example' is neither a CIDR nor a host"),
         ("tcp://10.0.0.1:5555", "'tcp://10.0.0.1:5555' is not an endpoint entry"),
-        ("ipc:///run/x/../y", "'ipc:///run/x/../y' is not an endpoint entry (tcp://*, ipc"),
+        (
+            "ipc:///run/x/../y",
+            "'ipc:///run/x/../y' is not an endpoint entry (tcp://*, tcp://NETWORK",
+        ),
     ],
 )
 def test_a_bad_entry_stops_the_gateway_naming_the_setting(entry: str, said: str) -> None:
@@ -72,6 +75,10 @@ def test_a_bad_entry_stops_the_gateway_naming_the_setting(entry: str, said: str)
         ("tcp://*:5555", True, WIDE, None),
         ("tcp://10.1.2.3:5555", True, "", f"binds on 10.1.2.3, which is not loopback: {BIND}"),
         ("tcp://10.1.2.3:5555", True, WIDE, None),
+        ("tcp://10.1.2.3:5555", True, "10.0.0.0/8", "not loopback: a bridge made at run time"),
+        ("tcp://10.1.2.3:5555", True, "10.0.0.0/8", "what bridge_allow names (tcp://10.1.2.3)"),
+        ("tcp://10.1.2.3:5555", False, "tcp://10.0.0.0/8", "the peer address is private"),
+        ("tcp://[fd00::5]:5555", True, "tcp://[fd00::/64]", None),
         ("tcp://8.8.8.8:5555", True, "", "binds on 8.8.8.8, which is not loopback"),
         ("tcp://eth0:5555", True, WIDE, "binds on the interface 'eth0'"),
         # ipc:// and inproc://: only where an entry of that scheme allows them
