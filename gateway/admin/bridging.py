@@ -27,8 +27,8 @@ AMQP 1.0 and ZeroMQ bridges made here are held to the same guard with their own 
 "Security"): an AMQP ``urls`` host, or a ZeroMQ endpoint's host to connect to, that is
 an address literal the guard refuses or a name that resolves to one is 403 when the
 bridge is made; a ZeroMQ bridge binds only on loopback, or on what ``bridge_allow``
-names (``tcp://*`` for every interface), and uses ``ipc://`` and ``inproc://``
-endpoints only where an entry of that scheme allows them. Before each connection the
+names (``tcp://ADDRESS``, ``tcp://*`` for every interface), and uses ``ipc://`` and
+``inproc://`` endpoints only where an entry of that scheme allows them. Before each connection the
 bridge asks the guard again and connects to the address it checked, not to the name
 (proton and libzmq would look the name up again themselves): an AMQP bridge keeps the
 name for the broker's virtual host and the TLS peer name; a ZeroMQ bridge looks its
