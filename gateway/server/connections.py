@@ -73,7 +73,7 @@ import asyncio
 import logging
 from typing import Any, cast
 
-from aiohttp import StreamReader, web
+from aiohttp import StreamReader, hdrs, web
 from aiohttp.abc import AbstractStreamWriter
 from aiohttp.http import HttpProcessingError, RawRequestMessage
 from aiohttp.http_exceptions import (
@@ -86,6 +86,7 @@ from aiohttp.http_exceptions import (
 )
 
 from auth.limits import Slots, address_key
+from gateway.server import requestid
 from gateway.server.config import Config
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def _reply(status: str, text: str, *headers: str) -> bytes:
     body = text.encode()
     lines = (
         f"HTTP/1.1 {status}",
+        f"Server: {requestid.SERVER}",
         "Content-Type: text/plain; charset=utf-8",
         f"Content-Length: {len(body)}",
         *headers,
@@ -260,8 +262,13 @@ class Connection(web.RequestHandler):
         # at ERROR with a traceback: anyone could fill the log. One debug line will do,
         # and like the reply it leaves out the bytes refused (a credential, maybe).
         fault = head_fault(exc)
-        log.debug("%s: bad request head: %s", self._peer, fault)
-        reply = web.Response(status=status, text=f"{fault}\n")
+        request_id = requestid.fresh()  # the head's own id, if any, is part of what was refused
+        log.debug("%s: bad request head: %s request_id=%s", self._peer, fault, request_id)
+        reply = web.Response(
+            status=status,
+            text=f"{fault}\n",
+            headers={hdrs.SERVER: requestid.SERVER, requestid.X_REQUEST_ID: request_id},
+        )
         reply.force_close()
         return reply
 

@@ -86,6 +86,12 @@ def untraced(request: web.Request) -> str:
     return f"{_PREFIX}{next(_COUNTER):016x}"  # new: unique across processes, 32 hex digits
 
 
+def fresh() -> str:
+    """A new id (4 of the module docstring): for a reply made before any request was
+    read whole (a refused request head), which has no headers to take one from."""
+    return f"{_PREFIX}{next(_COUNTER):016x}"
+
+
 def stamp(response: web.StreamResponse) -> None:
     """Put the current request's id, and the Server header, on ``response``: for the
     replies a handler prepares itself (streams, SSE, WebSocket), before their head is

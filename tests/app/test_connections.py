@@ -26,6 +26,7 @@ import contextlib
 import inspect
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -191,6 +192,12 @@ async def test_a_refused_request_head_is_not_echoed(
     assert status_of(reply) == 400, reply[:300]
     head, text = reply.split(b"\r\n\r\n", 1)
     assert b"Content-Type: text/plain" in head
+    # The gateway's own Server header (no versions), and an id to quote to the operator,
+    # whose debug line names it.
+    assert b"\r\nServer: restms-gateway\r\n" in head, head
+    found = re.search(rb"\r\nX-Request-ID: ([0-9a-f]{32})\r\n", head)
+    assert found is not None, head
+    assert any(found[1].decode() in r.getMessage() for r in caplog.records)
     assert text.startswith(b"Bad Request"), text
     assert len(text) < 100, text
     assert SECRET not in reply
@@ -221,6 +228,7 @@ async def cut_slow_head(
     writer.close()
     assert status_of(reply) == 408, reply[:200]
     assert b"Connection: close" in reply
+    assert b"\r\nServer: restms-gateway\r\n" in reply
     assert 0.45 <= elapsed < 2.5, elapsed  # cut near 0.5 s; the whole head takes 3.1 s
     assert limits(gw).too_slow == 1
     await settled(gw)
@@ -430,6 +438,7 @@ async def test_per_ip_cap_refuses_with_503_and_releases(make_gateway: MakeGatewa
     writer.close()
     assert status_of(refused) == 503
     assert b"Retry-After: 1" in refused
+    assert b"\r\nServer: restms-gateway\r\n" in refused
     other = await connect(gw, "127.0.0.2")  # another address has its own allowance
     await settled(gw, 3)
     assert limits(gw).from_peer("127.0.0.1") == 2
