@@ -544,6 +544,44 @@ def counts(n: int) -> str:
     return json.dumps({"restms": {"message": [{"count": "1"}] * n}})
 
 
+async def test_a_publish_says_when_its_body_is_written(
+    fake: Fake, blockbuster: BlockBuster
+) -> None:
+    """``written`` is done once the body is on its way, while the remote still holds
+    its reply: a link prepares its next batch then, not before (docs/FEDERATION.md,
+    "Throughput"); a publish that cannot connect leaves it for its caller to end."""
+    body_in = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        body_in.set()
+        await release.wait()
+        return await fixed(200, counts(1))(request)
+
+    fake.answer = slow
+    feed = f"{fake.url}/restms/feed/x"
+    async with remote(Auth(bearer="b")) as client:
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        publishing = asyncio.create_task(
+            client.publish(feed, [MessageSpec(address="a" * 50_000)], None, written)
+        )
+        await asyncio.wait_for(written, 5)
+        await asyncio.wait_for(body_in.wait(), 5)
+        assert not publishing.done()  # the reply is still held
+        release.set()
+        assert await asyncio.wait_for(publishing, 5) == [False]
+
+    with socket.socket() as unused:  # a port with nothing listening
+        unused.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{unused.getsockname()[1]}/restms/feed/x"
+    async with remote(Auth(bearer="b"), timeout=1.0) as client:
+        written = asyncio.get_running_loop().create_future()
+        with pytest.raises(Unavailable):
+            await client.publish(nowhere, [MessageSpec()], None, written)
+        assert not written.done()
+
+
 async def test_classification(fake: Fake, blockbuster: BlockBuster) -> None:
     feed = f"{fake.url}/restms/feed/x"
     one = [MessageSpec()]
