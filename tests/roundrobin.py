@@ -48,7 +48,9 @@ class RoundRobinProxy:
         )
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._forward)
-        self._runner = web.AppRunner(app, handler_cancellation=True)
+        # A stream passing through (an SSE stream a federation link reads) ends with the
+        # proxy: aiohttp's default would wait 60 s for its handler at every close.
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1.0)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()

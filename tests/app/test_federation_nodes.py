@@ -20,9 +20,7 @@ from feeds.config import FeedConfig
 from tests.conftest import Gateway, MakeGateway
 from tests.integration.gw import content_bytes, headers_of, new_pipe, publish, take
 
-# Two gateways of three nodes each start and stop here; in one CI run their teardown
-# was still under way when 90 s ran out.
-pytestmark = [pytest.mark.nodes, pytest.mark.timeout(180)]
+pytestmark = pytest.mark.nodes
 
 FEEDS = (FeedConfig(name="news", type="topic"), FeedConfig(name="wire", type="topic"))
 IDENTITY = "/.well-known/restms-gateway"
