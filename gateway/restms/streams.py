@@ -120,7 +120,7 @@ async def _sse(request: web.Request, key: str, response: web.StreamResponse) -> 
 
 def _event(base: Base, message: Message) -> bytes:
     """A message's SSE event: its position as the id, its document as the data."""
-    data = restms.to_json(views.doc(views.delivered_element(base, message, href=True)))
+    data = views.delivered_json(base, message, href=True)
     return b"id: %d\nevent: message\ndata: %s\n\n" % (message.position, data)
 
 

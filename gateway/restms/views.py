@@ -10,6 +10,8 @@ import base64
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 
+import orjson
+
 from feeds.service import (
     Blob,
     DomainInfo,
@@ -23,7 +25,7 @@ from feeds.service import (
     Webhook,
     WebhookProgress,
 )
-from restms.document import NOT_XML, Document, Element
+from restms.document import NOT_XML, ROOT, Document, Element
 from restms.specs import (
     AMQP9_PROFILE,
     DEFAULTS_PROFILE,
@@ -233,6 +235,33 @@ def _message(
                 )
             )
     return Element("message", attrs, tuple(children))
+
+
+def delivered_json(base: Base, m: Message, *, href: bool = False) -> bytes:
+    """The JSON document of :func:`delivered_element` (contents linked, not embedded),
+    as :func:`restms.to_json` encodes it (J1-J5), built without the element tree: a
+    reader sent each message as a document of its own (an SSE event) spends a third
+    of the time on it this way."""
+    spec = m.spec
+    message: dict[str, object] = {"href": base.resource(f"{m.pipe}.{m.position}")} if href else {}
+    message["address"] = spec.address
+    message.update(spec.props)
+    if m.redeliveries:
+        message["delivery_count"] = str(m.redeliveries)
+    if m.feed is not None:
+        message["feed"] = base.feed(m.feed)
+    if spec.headers:
+        message["header"] = [{"name": n, "value": v} for n, v in spec.headers]
+    contents: list[dict[str, str]] = []
+    for index, part in enumerate(m.parts):
+        if isinstance(part, EmbeddedContent):
+            contents.append({"type": part.type, "encoding": part.encoding, "value": part.value})
+        elif part is not None:
+            link = base.resource(f"{m.pipe}.{m.position}.{index}")
+            contents.append({"href": link, "type": part.content_type})
+    if contents:
+        message["content"] = contents
+    return orjson.dumps({ROOT: {"message": [message]}})
 
 
 def _embedded(blob: Blob) -> Element:
