@@ -18,7 +18,7 @@ A federation link made here may reach only public addresses, or those
 ``remote`` and ``token_url`` are checked when it is created (403 naming why, for an
 address literal the guard refuses or a name that resolves to one; a name that does not
 resolve yet is let through), and again at every connection it makes
-(gateway/federation/client.py), so a name that resolves elsewhere later, or a link kept
+(gateway/federation/session.py), so a name that resolves elsewhere later, or a link kept
 from a run under another configuration, is still held to the guard. Links of the
 configuration file are the operator's: no guard.
 

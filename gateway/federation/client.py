@@ -4,33 +4,11 @@ bridges in their :class:`~bridges.base.Host` (bridges import no HTTP library).
 
 Theory of operation
 -------------------
-One :class:`HttpRemote` per link holds one aiohttp client session, opened on first use
-(inside the event loop; a CA file is read in a worker thread). Every request sends
-and accepts ``application/restms+json`` (docs/PROTOCOL.md §3-4), follows no
-redirects, keeps no cookies and ignores proxy settings of the environment. It is
-bounded twice: connecting by ``timeout`` seconds (aiohttp), the whole exchange by
-``timeout`` seconds too, or, for a read's long-poll, by its ``wait`` until the reply's
-head arrives and ``timeout`` more for its body. No reply body is read past
-``max_body`` bytes: a larger one is :class:`Unavailable`, never a crash.
-
-**The guard.** A link made at run time gets a :class:`~gateway.webhooks.guard.Guard`
-(``federation_allow``; docs/FEDERATION.md, "Security"): its session resolves names
-through :class:`~gateway.webhooks.guard.GuardedResolver`, which keeps only the
-addresses the guard allows at each new connection (a name that later resolves to a
-private address, DNS rebinding, is refused), and checks an address literal, which
-aiohttp never resolves, as each request starts. Either refusal is
-:class:`Unavailable` naming why: the link retries, in case the configuration changes.
-A link of the configuration file has no guard.
-
-**Credentials.** A fixed bearer token, or OAuth 2.0 client credentials at the
-remote's token endpoint (docs/AUTH.md §2: a form POST, the client authenticated with
-HTTP Basic, ``client_secret_basic``, id and secret form-encoded first as RFC 6749
-§2.3.1 says). The token is fetched on first use, one fetch at a time, and again once
-80 % of its ``expires_in`` has passed. A 401 with a token fetched before this
-request makes one new fetch and sends the request again; a 401 with a token just
-fetched (or a fixed one) is :class:`Unavailable`: a misconfiguration the link keeps
-reporting, not a reason to give messages up. Secrets never appear in a ``repr``, a
-log line or an error, and URLs in errors have their password redacted.
+Every request goes through the link's :class:`.session.RemoteSession`: one aiohttp
+client session, its bounds (``timeout``, ``max_body``), the guard of a link made at
+run time, and the credentials (a fixed bearer, or OAuth 2.0 client credentials kept
+fresh). Every request sends and accepts ``application/restms+json`` (docs/PROTOCOL.md
+§3-4).
 
 **Outcomes** are those of :mod:`bridges.federation.remote` (Unavailable, Refused,
 PipeGone); foreign exceptions are converted here (``raise ... from``).
@@ -62,10 +40,8 @@ after its own commit needs.
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import logging
-import ssl
 import urllib.parse
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -78,7 +54,7 @@ from opentelemetry.trace import SpanKind, Tracer
 from bridges import tracing
 from bridges.checks import NAME, redact
 from bridges.federation.remote import Auth, PipeGone, Unavailable
-from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
+from gateway.webhooks.guard import Guard
 from restms import specs
 from restms.document import Document, Element
 from restms.errors import BadRequest, RestMSError
@@ -87,16 +63,13 @@ from restms.specs import Content, EmbeddedContent, MessageSpec
 
 from . import wire
 from .events import EventStream
+from .session import JSON, RemoteSession
 
 log = logging.getLogger(__name__)
 
-JSON = "application/restms+json"
 EVENTS = "text/event-stream"
-USER_AGENT = "restms-gateway-federation/1"
 EARLIEST = "RestMS-Earliest-Position"  # docs/EXTENSIONS.md §9
 IDENTITY_PATH = "/.well-known/restms-gateway"  # where a gateway says its id
-REFRESH_AT = 0.8  # of a token's life: when a new one is fetched
-UNKNOWN_LIFE = 300.0  # seconds a token without expires_in is kept
 AT_ONCE = 8  # message GETs of one read in flight at a time
 STREAM_IDLE = 1.0  # seconds a read from a pipe's event stream waits for its next line
 TURNS = 4  # positions a read tries (each a gap or a hole skipped) before it says "none"
@@ -126,31 +99,22 @@ class HttpRemote:
         tracer: Tracer | None = None,
         guard: Guard | None = None,
     ) -> None:
-        if not timeout > 0 or max_body < 1:
-            raise ValueError("timeout and max_body must be positive")
-        self._auth = auth
-        self._timeout = timeout
-        self._tls_ca = tls_ca
-        self._tls_verify = tls_verify
-        self._max_body = max_body
+        self._http = RemoteSession(
+            auth,
+            timeout=timeout,
+            tls_ca=tls_ca,
+            tls_verify=tls_verify,
+            max_body=max_body,
+            guard=guard,
+        )
         self._tracer = tracer  # None: tracing is off (docs/TRACING.md)
-        self._guard = guard  # None: any address (a link of the configuration file)
-        self._session: aiohttp.ClientSession | None = None
-        self._opening = asyncio.Lock()
-        self._closed = False
-        self._token = ""
-        self._refresh_at = 0.0  # loop time
-        self._fetching = asyncio.Lock()
 
     def __repr__(self) -> str:
-        return f"<HttpRemote token_url={redact(self._auth.token_url)!r} timeout={self._timeout:g}>"
+        http = self._http
+        return f"<HttpRemote token_url={redact(http.auth.token_url)!r} timeout={http.timeout:g}>"
 
     async def close(self) -> None:
-        self._closed = True
-        async with self._opening:
-            if self._session is not None:
-                await self._session.close()
-                self._session = None
+        await self._http.close()
 
     # ------------------------------------------------------------ the operations
     def encode(self, messages: Sequence[MessageSpec]) -> bytes:
@@ -167,7 +131,7 @@ class HttpRemote:
         """POST one JSON message document (contents embedded), ``encoded`` when given;
         one entry per message: True when the remote said it was a duplicate
         (duplicate="1"), False otherwise. ``written`` is done as the body is written
-        (:func:`_body_written`). With tracing on, ``encoded`` is not used: each message
+        (:mod:`.session`). With tracing on, ``encoded`` is not used: each message
         is sent with the context of its own hop's span."""
         if not messages:
             return []
@@ -180,7 +144,7 @@ class HttpRemote:
             encoded = None  # made before the spans: it carries the contexts they replace
         where = f"POST {redact(feed_url)}"
         document = wire.message_document(messages) if encoded is None else encoded
-        reply = await self._call("POST", feed_url, document, written=written)
+        reply = await self._http.call("POST", feed_url, document, written=written)
         wire.check(reply, where)
         entries = wire.publish_reply(reply, where)
         if len(entries) != len(messages):
@@ -193,7 +157,7 @@ class HttpRemote:
         """A new durable pipe without lease (module docstring) in the domain of the
         remote feed ``feed_url`` (``default`` when its document names none); its URL."""
         where = f"GET {redact(feed_url)}"
-        reply = await self._call("GET", feed_url)
+        reply = await self._http.call("GET", feed_url)
         wire.check(reply, where)
         feed = next(wire.parse_reply(reply, where).iter("feed"), None)
         if feed is None:
@@ -222,7 +186,7 @@ class HttpRemote:
         """(feed URL, address, headers) of each join; None when the pipe is gone (404).
         The pipe's own join to the remote's ``default`` feed is listed too."""
         where = f"GET {redact(pipe_url)}"
-        reply = await self._call("GET", pipe_url)
+        reply = await self._http.call("GET", pipe_url)
         if reply.status == 404:
             return None
         wire.check(reply, where)
@@ -306,12 +270,12 @@ class HttpRemote:
         with :meth:`read` then. :class:`PipeGone` when the pipe is gone."""
         where = f"GET {redact(pipe_url)} (event stream)"
         headers = {"Accept": EVENTS, "Last-Event-ID": str(after)}
-        token, fresh = await self._bearer()
+        token, fresh = await self._http.bearer()
         for _ in range(2):
             if token:
                 headers["Authorization"] = f"Bearer {token}"
-            session = await self._open()
-            reply = await self._opened(session, pipe_url, headers, where)
+            session = await self._http.open()
+            reply = await self._http.opened(session, pipe_url, headers, where)
             if reply.status == 200 and reply.content_type == EVENTS:
                 general = functools.partial(self._delivered, pipe_url)
                 return EventStream(
@@ -321,14 +285,16 @@ class HttpRemote:
                     after=after,
                     room=room,
                     idle=idle,
-                    limit=self._max_body,
+                    limit=self._http.max_body,
                 )
             try:
-                answer = wire.Reply(reply.status, reply.headers, await self._read(reply, where))
+                answer = wire.Reply(
+                    reply.status, reply.headers, await self._http.read(reply, where)
+                )
             finally:
                 reply.release()
-            if answer.status == 401 and self._auth.token_url and not fresh:
-                token, fresh = await self._bearer(stale=token)
+            if answer.status == 401 and self._http.auth.token_url and not fresh:
+                token, fresh = await self._http.bearer(stale=token)
                 continue
             break
         if answer.status == 404:
@@ -338,30 +304,13 @@ class HttpRemote:
         wire.check(answer, where)
         raise Unavailable(f"{where}: unexpected status {answer.status}")
 
-    async def _opened(
-        self, session: aiohttp.ClientSession, url: str, headers: dict[str, str], where: str
-    ) -> aiohttp.ClientResponse:
-        """A GET whose reply's head came within ``timeout`` (its body is read later)."""
-        try:
-            async with asyncio.timeout(self._timeout):
-                return await session.get(url, headers=headers, allow_redirects=False)
-        except aiohttp.ClientConnectorError as exc:  # before TimeoutError: some are both
-            cause = exc.os_error.strerror or type(exc.os_error).__name__
-            raise Unavailable(f"{where}: cannot connect ({cause})") from exc
-        except TimeoutError as exc:
-            raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
-        except RefusedAddress as exc:  # an address literal the guard refuses (_open)
-            raise Unavailable(f"{where}: cannot connect ({exc})") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
-            raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
-
     async def gateway_id(self, feed_url: str) -> str | None:
         """The remote gateway's id (docs/FEDERATION.md, "Gateway ids"), asked at the
         feed's origin; None from a RestMS server that does not say."""
         parts = urllib.parse.urlsplit(feed_url)
         url = f"{parts.scheme}://{parts.netloc}{IDENTITY_PATH}"
         where = f"GET {redact(url)}"
-        reply = await self._call("GET", url, accept="application/json")
+        reply = await self._http.call("GET", url, accept="application/json")
         if reply.status in (404, 405):
             return None
         wire.check(reply, where)
@@ -375,11 +324,11 @@ class HttpRemote:
         """DELETE pipe.position: the message and every older one go (D4). A DELETE is
         answered 200 even when the pipe is gone (R4): the next read tells."""
         url = f"{pipe_url}.{position}"
-        wire.check(await self._call("DELETE", url), f"DELETE {redact(url)}")
+        wire.check(await self._http.call("DELETE", url), f"DELETE {redact(url)}")
 
     async def delete_pipe(self, pipe_url: str) -> None:
         """DELETE the pipe; a pipe gone already is no error (R4)."""
-        wire.check(await self._call("DELETE", pipe_url), f"DELETE {redact(pipe_url)}")
+        wire.check(await self._http.call("DELETE", pipe_url), f"DELETE {redact(pipe_url)}")
 
     # ------------------------------------------------------------ reading
     async def _message(
@@ -390,7 +339,7 @@ class HttpRemote:
         or None for nothing (the wait ran out)."""
         url = f"{pipe_url}.{position}"
         where = f"GET {redact(url)}"
-        reply = await self._send("GET", url, None, JSON, wait)
+        reply = await self._http.send("GET", url, None, JSON, wait)
         if reply is None:
             return None
         if reply.status == 200:
@@ -446,21 +395,21 @@ class HttpRemote:
         first message: the caller GETs each message then. The stream is left once
         ``upto`` came, or when no line came for :data:`STREAM_IDLE` seconds (a message
         gone meanwhile): what came by then is returned."""
-        token, _ = await self._bearer()
+        token, _ = await self._http.bearer()
         headers = {"Accept": "text/event-stream", "Last-Event-ID": str(after)}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        session = await self._open()
+        session = await self._http.open()
         out: list[tuple[int, MessageSpec]] = []
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._http.timeout):
                 async with session.get(pipe_url, headers=headers, allow_redirects=False) as reply:
                     if reply.status != 200 or reply.content_type != "text/event-stream":
                         return None
                     lines = wire.EventLines()
                     while True:
                         async with asyncio.timeout(STREAM_IDLE):
-                            raw = await reply.content.readline(max_line_length=self._max_body)
+                            raw = await reply.content.readline(max_line_length=self._http.max_body)
                         if not raw:
                             break  # the stream ended (stream_max, or the pipe was deleted)
                         event = lines.line(raw)
@@ -483,7 +432,7 @@ class HttpRemote:
         """A delivered content's bytes, embedded; None when it was deleted from the pipe's
         copy of the message (then the message's document no longer lists it)."""
         where = f"GET {redact(url)}"
-        reply = await self._call("GET", url, accept="*/*")
+        reply = await self._http.call("GET", url, accept="*/*")
         if reply.status == 404:
             await self._listing(pipe_url)  # PipeGone when the whole pipe went
             return None
@@ -493,7 +442,7 @@ class HttpRemote:
 
     async def _listing(self, pipe_url: str) -> _Listing:
         where = f"GET {redact(pipe_url)}"
-        reply = await self._call("GET", pipe_url)
+        reply = await self._http.call("GET", pipe_url)
         if reply.status == 404:
             raise PipeGone(f"{where}: the pipe is gone")
         wire.check(reply, where)
@@ -515,7 +464,7 @@ class HttpRemote:
     async def _create(self, url: str, element: Element, *, pipe_url: str | None) -> str:
         """POST a document of one element; the Location of what it made (or found)."""
         where = f"POST {redact(url)}"
-        reply = await self._call("POST", url, to_json(Document(elements=(element,))))
+        reply = await self._http.call("POST", url, to_json(Document(elements=(element,))))
         if reply.status == 404 and pipe_url is not None:
             raise PipeGone(f"{where}: the pipe is gone")
         wire.check(reply, where)
@@ -525,201 +474,6 @@ class HttpRemote:
         return wire.beside(url, location, where)
 
     # ------------------------------------------------------------ requests
-    async def _call(
-        self,
-        method: str,
-        url: str,
-        document: bytes | None = None,
-        *,
-        accept: str = JSON,
-        written: asyncio.Future[None] | None = None,
-    ) -> wire.Reply:
-        """One request that does not wait (:meth:`_send`)."""
-        reply = await self._send(method, url, document, accept, None, written)
-        if reply is None:  # only a wait runs out without an answer
-            raise Unavailable(f"{method} {redact(url)}: no answer")
-        return reply
-
-    async def _send(
-        self,
-        method: str,
-        url: str,
-        document: bytes | None,
-        accept: str,
-        wait: float | None,
-        written: asyncio.Future[None] | None = None,
-    ) -> wire.Reply | None:
-        """One request with the link's credentials, sent again once with a new token
-        after a 401 of one fetched earlier; None when ``wait`` ran out."""
-        headers = {"Accept": accept}
-        if document is not None:
-            headers["Content-Type"] = JSON
-        token, fresh = await self._bearer()
-        reply = await self._exchange(method, url, document, headers, token, wait, written)
-        if reply is not None and reply.status == 401 and self._auth.token_url and not fresh:
-            token, _ = await self._bearer(stale=token)
-            reply = await self._exchange(method, url, document, headers, token, wait)
-        return reply
-
-    async def _bearer(self, stale: str = "") -> tuple[str, bool]:
-        """The token to send, and whether this call fetched it; ``stale`` is one the
-        remote has just refused (another request may have replaced it already)."""
-        auth = self._auth
-        if not auth.token_url:
-            return auth.bearer, False
-        loop = asyncio.get_running_loop()
-        async with self._fetching:
-            if self._token and self._token != stale and loop.time() < self._refresh_at:
-                return self._token, False
-            self._token = ""
-            token, life = await self._fetch_token()
-            self._token, self._refresh_at = token, loop.time() + REFRESH_AT * life
-            return token, True
-
-    async def _fetch_token(self) -> tuple[str, float]:
-        """A new access token and its life in seconds (client credentials grant)."""
-        auth = self._auth
-        where = f"token endpoint {redact(auth.token_url)}"
-        form = {"grant_type": "client_credentials"}
-        if auth.scope:
-            form["scope"] = auth.scope
-        pair = f"{wire.form(auth.client_id)}:{wire.form(auth.client_secret)}"
-        headers = {
-            "Authorization": "Basic " + base64.b64encode(pair.encode()).decode("ascii"),
-            "Accept": "application/json",
-            "Content-Type": "application/x-www-form-urlencoded",
-        }
-        body = urllib.parse.urlencode(form).encode()
-        reply = await self._exchange("POST", auth.token_url, body, headers, "", None)
-        if reply is None:  # only a wait runs out without an answer
-            raise Unavailable(f"{where}: no answer")
-        return wire.token_reply(reply, where, auth.client_id, UNKNOWN_LIFE)
-
-    async def _exchange(
-        self,
-        method: str,
-        url: str,
-        body: bytes | None,
-        headers: dict[str, str],
-        token: str,
-        wait: float | None,
-        written: asyncio.Future[None] | None = None,
-    ) -> wire.Reply | None:
-        """One HTTP exchange, bounded (module docstring); None when ``wait`` ran out
-        before the reply's head came. ``written``: done as the body is written."""
-        where = f"{method} {redact(url)}"
-        if token:
-            headers = {**headers, "Authorization": f"Bearer {token}"}
-        session = await self._open()
-        loop = asyncio.get_running_loop()
-        answered = False
-        try:
-            async with asyncio.timeout(self._timeout if wait is None else wait) as bound:
-                async with session.request(
-                    method,
-                    url,
-                    data=body,
-                    headers=headers,
-                    allow_redirects=False,
-                    trace_request_ctx=written,
-                ) as reply:
-                    answered = True
-                    bound.reschedule(loop.time() + self._timeout)
-                    data = await self._read(reply, where)
-                    return wire.Reply(reply.status, reply.headers, data)
-        except aiohttp.ClientConnectorError as exc:  # before TimeoutError: some are both
-            cause = exc.os_error.strerror or type(exc.os_error).__name__
-            raise Unavailable(f"{where}: cannot connect ({cause})") from exc
-        except aiohttp.ConnectionTimeoutError as exc:
-            raise Unavailable(f"{where}: no connection within {self._timeout:g} s") from exc
-        except TimeoutError as exc:
-            if answered:
-                raise Unavailable(f"{where}: the reply did not come whole in time") from exc
-            if wait is not None:
-                return None
-            raise Unavailable(f"{where}: no answer within {self._timeout:g} s") from exc
-        except RefusedAddress as exc:  # an address literal the guard refuses (_open)
-            raise Unavailable(f"{where}: cannot connect ({exc})") from exc
-        except (aiohttp.ClientError, OSError, ValueError) as exc:  # ValueError: a bad URL
-            raise Unavailable(f"{where}: the exchange failed ({type(exc).__name__})") from exc
-
-    async def _read(self, reply: aiohttp.ClientResponse, where: str) -> bytes:
-        """The body, at most ``max_body`` bytes; the connection is dropped past them."""
-        limit = self._max_body
-        if reply.content_length is not None and reply.content_length > limit:
-            reply.close()
-            raise Unavailable(f"{where}: the reply of {reply.content_length} bytes is too large")
-        chunks: list[bytes] = []
-        left = limit + 1
-        while left > 0:
-            chunk = await reply.content.read(left)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            left -= len(chunk)
-        reply.close()
-        raise Unavailable(f"{where}: the reply is larger than {limit} bytes")
-
-    async def _open(self) -> aiohttp.ClientSession:
-        async with self._opening:
-            if self._closed:
-                raise Unavailable("the remote client is closed")
-            if self._session is None:
-                context: ssl.SSLContext | bool = self._tls_verify
-                if self._tls_verify and self._tls_ca:
-                    try:  # reads the file: not on the loop
-                        context = await asyncio.to_thread(
-                            ssl.create_default_context, cafile=self._tls_ca
-                        )
-                    except (OSError, ssl.SSLError) as exc:
-                        raise Unavailable(f"cannot load tls_ca {self._tls_ca}: {exc}") from exc
-                resolver: aiohttp.abc.AbstractResolver | None = None
-                traces = [_body_written()]
-                if self._guard is not None:  # a run-time link (module docstring)
-                    resolver = GuardedResolver(self._guard, aiohttp.ThreadedResolver())
-                    traces.append(_literal_check(self._guard))
-                self._session = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(ssl=context, resolver=resolver),
-                    cookie_jar=aiohttp.DummyCookieJar(),
-                    trust_env=False,
-                    timeout=aiohttp.ClientTimeout(total=None, connect=self._timeout),
-                    headers={"User-Agent": USER_AGENT},
-                    trace_configs=traces,
-                )
-            return self._session
-
-
-def _literal_check(guard: Guard) -> aiohttp.TraceConfig:
-    """Checks each request's host when it is an address literal (RefusedAddress):
-    aiohttp connects to a literal without asking the resolver."""
-
-    async def check(
-        session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestStartParams
-    ) -> None:
-        guard.check_literal(params.url.host or "")
-
-    traces = aiohttp.TraceConfig()
-    traces.on_request_start.append(check)
-    return traces
-
-
-def _body_written() -> aiohttp.TraceConfig:
-    """Makes done the future a request was given as its ``trace_request_ctx``, as its
-    body is written: aiohttp writes a body in a task of its own, on a later turn of the
-    event loop, so a caller that went on working without a pause would hold the request
-    back (the remote idle meanwhile). The hook runs just before the write, in the same
-    step of that task: the caller resumes only after it."""
-
-    async def chunk(
-        session: aiohttp.ClientSession, context: Any, params: aiohttp.TraceRequestChunkSentParams
-    ) -> None:
-        written = context.trace_request_ctx
-        if isinstance(written, asyncio.Future) and not written.done():
-            written.set_result(None)
-
-    traces = aiohttp.TraceConfig()
-    traces.on_request_chunk_sent.append(chunk)
-    return traces
 
 
 # ---------------------------------------------------------------- values

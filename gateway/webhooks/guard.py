@@ -25,7 +25,7 @@ is judged by the IPv4 address it carries as well. Names are resolved with the lo
 ``getaddrinfo``, which runs in a worker thread: the loop never blocks.
 
 Federation links defined at run time are held to the same guard, with their own
-setting (``federation_allow``; gateway/federation/client.py, docs/FEDERATION.md): a
+setting (``federation_allow``; gateway/federation/session.py, docs/FEDERATION.md): a
 :class:`Guard` names what it guards (``what``) and the setting that widens it.
 """
 
