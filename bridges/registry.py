@@ -47,6 +47,7 @@ from .common import owner_of
 from .config import AmqpBridgeConfig, BridgeConfig, ZmqBridgeConfig, parse
 from .federation.config import FederationConfig
 from .federation.link import FederationLink
+from .federation.links import federation_link
 from .zeromq import ZapGate, ZmqBridge
 from .zmq_rpc import DealerBridge, RouterBridge
 
@@ -316,7 +317,7 @@ class Registry:
         if isinstance(config, AmqpBridgeConfig):
             return AmqpBridge(config, self._host, configured=configured, max_body=self._max_body)
         if isinstance(config, FederationConfig):
-            return FederationLink(
+            return federation_link(
                 config, self._host, configured=configured, gateway_id=self.gateway_id
             )
         if self._zmq is None:

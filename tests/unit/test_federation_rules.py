@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from bridges.config import parse
 from bridges.federation.config import FederationConfig
-from bridges.federation.link import outgoing
+from bridges.federation.push import outgoing
 from bridges.federation.trail import TRAIL, onward, trail, with_origin_id
 from feeds.service import Blob, Message, Part
 from restms.specs import MESSAGE_PROPERTIES, EmbeddedContent, MessageSpec
