@@ -72,7 +72,11 @@ def configs(directory: Path, a_port: int, b_port: int, link_batch: int = 500) ->
     feeds = (
         '[[feeds]]\nname = "news"\ntype = "topic"\n\n[[feeds]]\nname = "pulled"\ntype = "topic"\n'
     )
-    common = 'metrics_access = "loopback"\nmax_pipe_messages = 1000000\n'
+    # Room for every message of a run in each pipe (1 KiB messages): a pipe past its
+    # default 64 MiB would skip the rest, and the run would wait for them in vain.
+    common = (
+        'metrics_access = "loopback"\nmax_pipe_messages = 1000000\nmax_pipe_bytes = 2147483648\n'
+    )
     tuning = f"batch = {link_batch}\nretry_min = 0.05\nretry_max = 0.2\n"
     b = directory / "b.toml"
     remote = f"http://127.0.0.1:{a_port}/restms/feed/pulled"
