@@ -50,7 +50,8 @@ class FederationConfig:
     timeout: float = 30.0  # seconds one request to the remote may take
     wait: float = 20.0  # in: seconds a read waits on the remote pipe's asynclet
     dead_letter: str = ""  # feed for messages the remote refuses; "": the gateway's
-    max_messages: int = 0  # out: the local pipe's limits; 0: the gateway's defaults
+    # out: the local pipe's limits; in: those asked of the remote pipe; 0: the defaults
+    max_messages: int = 0
     max_bytes: int = 0
     durable: bool = True  # out: the local pipe keeps every message on disk
     tls_ca: str = ""  # PEM file of CAs for https://; "": the system's

@@ -216,7 +216,7 @@ class PullLink(FederationLink):
                 await remote.create_join(pipe, c.remote, c.address, c.headers)
         if pipe is None:
             title = f"federation {self._gateway_id}/{self.name}"
-            pipe = await remote.create_pipe(c.remote, title)
+            pipe = await remote.create_pipe(c.remote, title, c.max_messages, c.max_bytes)
             await engine.keep_setting(key, pipe)
             await remote.create_join(pipe, c.remote, c.address, c.headers)
         return pipe

@@ -113,8 +113,11 @@ class Remote(Protocol):
         already (a duplicate). ``written`` is done once the request's body is on its
         way to the remote, so that a caller may go on with work of its own meanwhile."""
 
-    async def create_pipe(self, feed_url: str, title: str) -> str:
-        """A new durable pipe without lease near the feed ``feed_url``: its URL."""
+    async def create_pipe(
+        self, feed_url: str, title: str, max_messages: int = 0, max_bytes: int = 0
+    ) -> str:
+        """A new durable pipe without lease near the feed ``feed_url``, asked for these
+        limits (0: the remote's defaults): its URL."""
 
     async def create_join(
         self, pipe_url: str, feed_url: str, address: str, headers: tuple[tuple[str, str], ...]

@@ -153,9 +153,12 @@ class HttpRemote:
             )
         return [entry.get("duplicate") == "1" for entry in entries]
 
-    async def create_pipe(self, feed_url: str, title: str) -> str:
+    async def create_pipe(
+        self, feed_url: str, title: str, max_messages: int = 0, max_bytes: int = 0
+    ) -> str:
         """A new durable pipe without lease (module docstring) in the domain of the
-        remote feed ``feed_url`` (``default`` when its document names none); its URL."""
+        remote feed ``feed_url`` (``default`` when its document names none), asked for
+        these limits (0: the remote's defaults; docs/EXTENSIONS.md §4); its URL."""
         where = f"GET {redact(feed_url)}"
         reply = await self._http.call("GET", feed_url)
         wire.check(reply, where)
@@ -168,6 +171,10 @@ class HttpRemote:
             raise ValueError(f"{redact(feed_url)} is not a RestMS feed URL (…/restms/feed/<name>)")
         domain_url = f"{root}/domain/{urllib.parse.quote(domain, safe='')}"
         pipe = {"title": title, "durable": "1", "lease": "0"}
+        if max_messages:
+            pipe["max_messages"] = str(max_messages)
+        if max_bytes:
+            pipe["max_bytes"] = str(max_bytes)
         return await self._create(domain_url, Element("pipe", pipe), pipe_url=None)
 
     async def create_join(

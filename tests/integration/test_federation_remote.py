@@ -239,6 +239,28 @@ async def test_publish_read_ack_round_trip(tmp_path: Path, blockbuster: BlockBus
         assert time.monotonic() - started < 2
 
 
+async def test_a_pipe_is_made_with_the_limits_asked(
+    tmp_path: Path, blockbuster: BlockBuster
+) -> None:
+    """A pull link asks its remote pipe for the definition's ``max_messages`` and
+    ``max_bytes``; past them that pipe skips what comes, as any pipe does."""
+    async with gateway(tmp_path) as gw, remote(gw.auth()) as client:
+        feed = gw.feed()
+        pipe = await client.create_pipe(feed, "bounded", max_messages=2, max_bytes=70_000)
+        await client.create_join(pipe, feed, "", ())
+        token = await gw.token()
+        bearer = {"Authorization": f"Bearer {token}"}
+        async with gw.http.get(pipe, headers={**HJ, **bearer}) as r:
+            made = (await r.json(content_type=None))["restms"]["pipe"][0]
+        assert (made["max_messages"], made["max_bytes"]) == ("2", "70000")
+        assert await client.publish(feed, MESSAGES) == [False, False, False]
+        assert await listed(gw, pipe, token) == [1, 2]  # the third did not fit
+        unbounded = await client.create_pipe(feed, "defaults")
+        async with gw.http.get(unbounded, headers={**HJ, **bearer}) as r:
+            made = (await r.json(content_type=None))["restms"]["pipe"][0]
+        assert made["max_messages"] != "2"
+
+
 async def test_duplicates_are_flagged(tmp_path: Path, blockbuster: BlockBuster) -> None:
     async with gateway(tmp_path) as gw, remote(gw.auth()) as client:
         feed = gw.feed()
