@@ -61,6 +61,7 @@ from feeds.service import DEFAULT_DOMAIN, EngineService
 from gateway.admin.bridge_guard import BridgeGuard
 from gateway.auth.authn import PRINCIPAL
 from gateway.federation.client import HttpRemote
+from gateway.federation.session import RemoteSession
 from gateway.restms import http
 from gateway.server import tracing
 from gateway.server.config import Config
@@ -116,14 +117,14 @@ def make_host(app: web.Application) -> Host:
         tls_verify: bool = True,
         guarded: bool = True,
     ) -> Remote:
-        return HttpRemote(
+        http = RemoteSession(
             auth,
             timeout=timeout,
             tls_ca=tls_ca,
             tls_verify=tls_verify,
-            tracer=tracer,
             guard=guard if guarded else None,
         )
+        return HttpRemote(http, tracer=tracer)
 
     return Host(
         engine=service,

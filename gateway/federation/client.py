@@ -53,8 +53,7 @@ from opentelemetry.trace import SpanKind, Tracer
 
 from bridges import tracing
 from bridges.checks import NAME, redact
-from bridges.federation.remote import Auth, PipeGone, Unavailable
-from gateway.webhooks.guard import Guard
+from bridges.federation.remote import PipeGone, Unavailable
 from restms import specs
 from restms.document import Document, Element
 from restms.errors import BadRequest, RestMSError
@@ -88,25 +87,8 @@ class HttpRemote:
     """A client of one remote RestMS gateway (module docstring), the gateway's
     :class:`bridges.federation.remote.Remote`."""
 
-    def __init__(
-        self,
-        auth: Auth,
-        *,
-        timeout: float,
-        tls_ca: str = "",
-        tls_verify: bool = True,
-        max_body: int = 8 << 20,
-        tracer: Tracer | None = None,
-        guard: Guard | None = None,
-    ) -> None:
-        self._http = RemoteSession(
-            auth,
-            timeout=timeout,
-            tls_ca=tls_ca,
-            tls_verify=tls_verify,
-            max_body=max_body,
-            guard=guard,
-        )
+    def __init__(self, http: RemoteSession, *, tracer: Tracer | None = None) -> None:
+        self._http = http  # every request goes through it (module docstring)
         self._tracer = tracer  # None: tracing is off (docs/TRACING.md)
 
     def __repr__(self) -> str:

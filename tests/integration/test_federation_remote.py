@@ -30,6 +30,7 @@ from blockbuster import BlockBuster
 
 from bridges.federation.remote import Auth, PipeGone, Refused, Unavailable
 from gateway.federation.client import HttpRemote as Remote
+from gateway.federation.session import RemoteSession
 from gateway.federation.wire import MAX_REASON
 from restms.specs import EmbeddedContent, MessageSpec
 from tests.app.process import listening_port, main_py, start
@@ -132,7 +133,7 @@ async def gateway(tmp_path: Path, port: int = 0, **env: str) -> AsyncIterator[Ga
 
 @contextlib.asynccontextmanager
 async def remote(auth: Auth, timeout: float = 10.0, **more: Any) -> AsyncIterator[Remote]:
-    client = Remote(auth, timeout=timeout, **more)
+    client = Remote(RemoteSession(auth, timeout=timeout, **more))
     try:
         yield client
     finally:
@@ -390,7 +391,7 @@ async def test_long_poll(tmp_path: Path, blockbuster: BlockBuster) -> None:
         feed = gw.feed()
         pipe = await client.create_pipe(feed, "in")
         await client.create_join(pipe, feed, "", ())
-        publisher = Remote(gw.auth(), timeout=10)
+        publisher = Remote(RemoteSession(gw.auth(), timeout=10))
         try:
             # A read waits on the asynclet until a message comes.
             started = time.monotonic()
