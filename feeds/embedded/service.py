@@ -14,14 +14,15 @@ in-memory :class:`~feeds.engine.Engine` and, optionally, its SQLite
 * it turns the engine's live objects into frozen values (:mod:`feeds.embedded.values`)
   before anything leaves.
 
-This class keeps the lifecycle, the look-ups and the calls every message takes
-(publishing, reading, acknowledging); its other calls delegate in one line to a part,
-each a module of this package about one thing: :mod:`.resources` (changes to feeds,
-pipes, joins, staged contents), :mod:`.watching` (evented waits), :mod:`.reading`
-(contents, dead letters), :mod:`.cursor` (cursors and the open ones of each pipe),
-:mod:`.room` (waiting for room), :mod:`.admin` (figures, readiness, pipe states,
-purge), :mod:`.webhooks` (the webhook workers' calls) and :mod:`.settings` (the
-gateway's own values).
+This class keeps the lifecycle and the calls every message takes (publishing,
+reading, acknowledging), with the look-ups of its mixin :mod:`.lookups` (another's
+resource is a 404); its other calls delegate in one line to a part, each a module of
+this package about one thing: :mod:`.resources` (changes to feeds, pipes, joins,
+staged contents), :mod:`.watching` (evented waits), :mod:`.reading` (contents, dead
+letters), :mod:`.cursor` (cursors and the open ones of each pipe), :mod:`.room`
+(waiting for room), :mod:`.admin` (figures, readiness, pipe states, purge),
+:mod:`.webhooks` (the webhook workers' calls) and :mod:`.settings` (the gateway's
+own values).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from .. import paging
 from ..config import OVERHEAD, EngineConfig
 from ..engine import Engine
 from ..mirroring import emit_bridge_in
-from ..model import Domain, Feed, Join, OnDisk, PartRef, Pipe, StagedContent
+from ..model import Feed, Join, OnDisk, PartRef, Pipe, StagedContent
 from ..model import Slot as PipeSlot
 from ..service import (
     HIDDEN,
@@ -74,20 +75,20 @@ from ..service import (
 from ..store import Store, StoreError
 from .admin import Admin
 from .cursor import Cursors, EmbeddedCursor
+from .lookups import Lookups
 from .reading import Reading
 from .resources import Resources
 from .room import wait_for_room
 from .settings import Settings
-from .values import feed_info, join_info, message, pipe_info, staged_info
+from .values import join_info, message, staged_info
 from .watching import Watching
 from .webhooks import Webhooks
 
 log = logging.getLogger(__name__)
-MEMO = 1024  # feeds whose last value is kept
 NOT_KEPT = "nothing of this publish was kept; retry it"
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(Lookups):
     """The engine service in this process: state in memory, a journal in SQLite."""
 
     def __init__(
@@ -110,7 +111,7 @@ class EmbeddedEngine:
         self._pager: paging.QueuePager | None = None
         self._cursors = Cursors(engine)
         self._dead_letter = engine.config.dead_letter_feed or ""
-        # Each feed's last value, and what it showed of the feed (see _feed_info).
+        # Each feed's last value, and what it showed of the feed (see Lookups._feed_info).
         self._feed_infos: dict[Feed, tuple[tuple[int, int, int, int], FeedInfo]] = {}
         # The parts the calls off the hot paths delegate to (some use the look-ups).
         self._resources = Resources(self)
@@ -214,75 +215,9 @@ class EmbeddedEngine:
         if self.engine.journal:
             await paging.commit(self.engine, self.store)
 
-    # ------------------------------------------------------------ lookup (another's: 404)
-    def _pipe(self, principal: str | None, key: str) -> Pipe:
-        found = self._private.get(key)
-        if not isinstance(found, Pipe):
-            raise NotFound(HIDDEN)
-        return self._used(principal, found)
-
-    def _used(self, principal: str | None, pipe: Pipe) -> Pipe:
-        """``pipe``, used by ``principal``: not idle from now (Q1); 404 unless it is theirs."""
-        if principal is not None and pipe.owner != principal:
-            raise NotFound(HIDDEN)
-        pipe.accessed = self._mono()
-        return pipe
-
-    def _feed(self, principal: str | None, key: str) -> Feed:
-        engine = self.engine
-        found = engine.public_feeds.get(key) or engine.peek(key)
-        if not isinstance(found, Feed):
-            raise NotFound(f"no feed named {key!r}")
-        if found.name is None and principal is not None and found.owner != principal:
-            raise NotFound(f"no feed named {key!r}")  # another's private feed
-        return found
-
-    def _join(self, principal: str | None, key: str) -> Join:
-        found = self.engine.peek(key)
-        if not isinstance(found, Join) or (principal is not None and found.pipe.owner != principal):
-            raise NotFound(HIDDEN)
-        return found
-
-    def _staged(self, principal: str | None, key: str) -> StagedContent:
-        found = self.engine.peek(key)
-        if not isinstance(found, StagedContent) or (
-            principal is not None and found.owner != principal
-        ):
-            raise NotFound(HIDDEN)
-        return found
-
-    def _feed_info(self, feed: Feed) -> FeedInfo:
-        # Every request to a feed (every publish) looks it up: its value is made again
-        # only when what it shows changed (a value never changes, so it can be shared).
-        state = (feed.version, len(feed.joins), len(feed.queue), feed.qspilled)
-        known = self._feed_infos.get(feed)
-        if known is not None and known[0] == state:
-            return known[1]
-        engine = self.engine
-        events = engine.events
-        system = events is not None and feed is events.feed
-        made = feed_info(feed, feed is engine.default_feed, system)
-        if len(self._feed_infos) >= MEMO:
-            self._feed_infos.clear()  # bounded: feeds deleted without us are let go too
-        self._feed_infos[feed] = (state, made)
-        return made
-
-    def _pipe_info(self, pipe: Pipe) -> PipeInfo:
-        return pipe_info(pipe, self._dead_letter)
-
     # ------------------------------------------------------------ values, and waits
     async def domain(self, name: str) -> DomainInfo:
         return self._domain_info(self.engine.domain(name))
-
-    @staticmethod
-    def _domain_info(found: Domain) -> DomainInfo:
-        return DomainInfo(
-            name=found.name,
-            title=found.title,
-            feeds=tuple(found.feeds),
-            version=found.version,
-            modified=found.modified,
-        )
 
     async def domains(self) -> tuple[DomainInfo, ...]:
         return tuple([await self.domain(name) for name in self.engine.domains])
