@@ -27,11 +27,13 @@ its principal's waiting slots (``max_waits_per_principal``).
 Both read through the engine service's cursor (:meth:`feeds.service.EngineService.cursor`),
 which pages messages in from disk as the reader gets to them. A message is leased (or, on a
 stream pipe, acknowledged) only once it was written: one the client never got stays where
-it is.
+it is. A reader behind takes its backlog a batch at a time and lets the gateway's other
+requests run between two batches (:func:`give_way`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 
@@ -50,6 +52,17 @@ from restms.names import new_hash
 from restms.uris import Base
 
 BATCH = 256  # messages a reader takes from its cursor at a time
+
+
+async def give_way() -> None:
+    """Let the event loop run its other tasks before a reader takes its next batch.
+
+    Nothing else makes a reader behind wait between two batches: the cursor has the
+    next one in memory, and a socket whose client reads as fast as it is written
+    takes every write at once. Without this one stream catching up holds every other
+    request on the gateway until it has written its whole backlog.
+    """
+    await asyncio.sleep(0)
 
 
 def _last_event_id(request: web.Request, asynclet: int) -> int:
@@ -105,6 +118,8 @@ async def _sse(request: web.Request, key: str, response: web.StreamResponse) -> 
                 break
             if not batch:
                 await response.write(b": keep-alive\n\n")
+            else:
+                await give_way()
         if cursor.ended == "deleted":
             await response.write(b"event: deleted\ndata: the pipe was deleted\n\n")
         elif http.credential_life(request) <= 0:
@@ -189,6 +204,7 @@ async def _multipart(
                 await cursor.ack(message.position, wait=False)
             if cursor.ended is not None or deadline - time.monotonic() <= 0:
                 break
+            await give_way()
         await response.write(b"--\r\n")
         await response.write_eof()
     except NotFound:  # deleted before the first look

@@ -413,6 +413,8 @@ class Session:
             await ws.send_frame(gap_frame(self.gap), WSMsgType.TEXT)
         while True:
             # Within the window (the cursor's): at most that many sent and unacknowledged.
+            # So the take after a batch waits (for an acknowledgement or a new message),
+            # and the gateway's other requests run between two batches (streams.give_way).
             remaining = max(0.0, deadline - time.monotonic())
             for message in await cursor.take(self.window, wait=remaining):
                 await ws.send_frame(frames.message(base, message), WSMsgType.TEXT)
