@@ -1,4 +1,4 @@
-#!lua name=restms_v6
+#!lua name=restms_v7
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -179,7 +179,10 @@ local function place(keys, args)
     local last = num(redis.call('HGET', h, 'next'))
     local placed, added, carry = 0, 0, nil
     for _ = 1, n do
-      local size, expires, record = num(args[a]), args[a + 1], args[a + 2]
+      -- The size goes to XADD as the caller wrote it: a Lua number would be formatted
+      -- again (with %.17g) on its way to Redis, for every message.
+      local written, expires, record = args[a], args[a + 1], args[a + 2]
+      local size = num(written)
       a = a + 3
       if overflow == 'drop-oldest' then
         while len > 0 and (len >= maxm or bytes + size > maxb) do
@@ -200,9 +203,9 @@ local function place(keys, args)
       else
         last = last + 1
         if expires ~= '0' then
-          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size, 'e', expires)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', written, 'e', expires)
         else
-          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', size)
+          redis.call('XADD', s, '0-' .. last, 'm', record, 'z', written)
         end
         if redelivered > 0 then
           redis.call('HSET', h, 'r:' .. last, redelivered)
@@ -637,18 +640,18 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v6_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v6_cat_since', callback = cat_since,
+redis.register_function('restms_v7_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v7_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v6_place', place)
-redis.register_function{function_name = 'restms_v6_room', callback = room,
+redis.register_function('restms_v7_place', place)
+redis.register_function{function_name = 'restms_v7_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v6_range', range)
-redis.register_function('restms_v6_ack', ack)
-redis.register_function('restms_v6_take_out', take_out)
-redis.register_function('restms_v6_settle', settle)
-redis.register_function('restms_v6_delete_content', delete_content)
-redis.register_function('restms_v6_sweep', sweep)
-redis.register_function('restms_v6_own', own)
-redis.register_function('restms_v6_disown', disown)
-redis.register_function('restms_v6_hook_save', hook_save)
+redis.register_function('restms_v7_range', range)
+redis.register_function('restms_v7_ack', ack)
+redis.register_function('restms_v7_take_out', take_out)
+redis.register_function('restms_v7_settle', settle)
+redis.register_function('restms_v7_delete_content', delete_content)
+redis.register_function('restms_v7_sweep', sweep)
+redis.register_function('restms_v7_own', own)
+redis.register_function('restms_v7_disown', disown)
+redis.register_function('restms_v7_hook_save', hook_save)
