@@ -282,6 +282,7 @@ def open_engine(config: Config) -> EngineService:
         config.engine_config(),
         config.data_dir if config.store == "sqlite" else None,
         synchronous=config.store_sync.upper(),
+        busy_timeout=config.store_busy_timeout,
         journal_interval=config.journal_interval,
         sweep_interval=config.sweep_interval,
     )

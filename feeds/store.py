@@ -279,9 +279,14 @@ def loads(data: bytes) -> Any:
 class Store:
     """One SQLite file in the data directory, one writer thread, group commit."""
 
-    def __init__(self, directory: str | Path, *, synchronous: str = "FULL") -> None:
+    def __init__(
+        self, directory: str | Path, *, synchronous: str = "FULL", busy_timeout: float = 5.0
+    ) -> None:
         self.path = Path(directory) / FILE_NAME
         self.synchronous = synchronous
+        # Seconds a connection waits for a lock another connection holds (another
+        # process's write transaction) before its statement fails: a commit then fails.
+        self.busy_timeout = busy_timeout
         self._db: sqlite3.Connection | None = None
         self._queue: queue.SimpleQueue[
             tuple[list[tuple[str, list[Any]]], asyncio.Future[None]] | None
@@ -308,7 +313,12 @@ class Store:
         stay on disk (:attr:`Snapshot.spills`) to be read back when readers get there.
         """
         try:
-            db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            db = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
             db.execute("PRAGMA journal_mode = WAL")
             db.execute(f"PRAGMA synchronous = {self.synchronous}")
             found = _version(db)
@@ -351,12 +361,15 @@ class Store:
         left = _read_head(db, _MESSAGES, snap.messages, snap.spills, budget, budget, overhead)
         _read_head(db, _QUEUED, snap.queued, snap.queue_spills, budget, left, overhead)
 
+    def _connect_reader(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.path, timeout=self.busy_timeout, check_same_thread=False)
+
     def read_page(self, pipe: str, low: int, limit: int) -> list[tuple[int, Any, bytes]]:
         """Up to ``limit`` stored messages of a pipe from position ``low`` on (blocking:
         call from a worker thread). Reads only what has been committed."""
         with self._reader_lock:
             if self._reader is None:
-                self._reader = sqlite3.connect(self.path, check_same_thread=False)
+                self._reader = self._connect_reader()
             try:
                 return self._reader.execute(
                     "SELECT seq, source, data FROM messages WHERE pipe = ? AND seq >= ? "
@@ -374,7 +387,7 @@ class Store:
         worker thread). Reads only what has been committed."""
         with self._reader_lock:
             if self._reader is None:
-                self._reader = sqlite3.connect(self.path, check_same_thread=False)
+                self._reader = self._connect_reader()
             rows: list[tuple[int, bytes]] = []
             try:
                 cursor = self._reader.execute(

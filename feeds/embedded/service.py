@@ -128,12 +128,18 @@ class EmbeddedEngine(Lookups):
         data_dir: str | Path | None = None,
         *,
         synchronous: str = "FULL",
+        busy_timeout: float = 5.0,
         journal_interval: float = 0.05,
         sweep_interval: float = 1.0,
     ) -> EmbeddedEngine:
         """An engine with a store in ``data_dir`` (None: memory only); call
-        :meth:`start` before use."""
-        store = None if data_dir is None else Store(data_dir, synchronous=synchronous)
+        :meth:`start` before use. ``busy_timeout``: seconds a commit waits for the
+        store's write lock while another connection holds it, before it fails."""
+        store = (
+            None
+            if data_dir is None
+            else Store(data_dir, synchronous=synchronous, busy_timeout=busy_timeout)
+        )
         return cls(
             Engine(config),
             store,

@@ -179,6 +179,7 @@ class Config:
     # durability (docs/DURABILITY.md)
     store: str = "sqlite"  # "memory": nothing survives a restart
     store_sync: str = "full"  # SQLite synchronous: "full" survives power loss, "normal" a crash
+    store_busy_timeout: float = 5.0  # seconds a commit waits for a write lock another holds
     journal_interval: float = 0.05  # seconds; lazy records (positions) wait at most this long
     # webhook pipes (docs/WEBHOOKS.md): each option's default, and the most a pipe may ask
     webhook_allow: str = ""  # CIDRs and host names callbacks may reach despite the SSRF guard
@@ -260,6 +261,8 @@ class Config:
         self._check_engine()
         if self.store_sync not in ("full", "normal"):
             raise ConfigError('store_sync must be "full" or "normal"')
+        if self.store_busy_timeout < 0:
+            raise ConfigError("store_busy_timeout must not be negative")
         keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
         sockets = ("websocket_heartbeat", "websocket_max_life")
         for key in (*keys, *sockets, "journal_interval", "shutdown_grace"):

@@ -1,10 +1,11 @@
 """A publish whose commit fails leaves no trace, against a real gateway on 127.0.0.1.
 
 The commit fails for real. Either another connection holds the store's write lock
-(as another process could), so the writer's transaction gives up after SQLite's busy
-timeout (5 s) with "database is locked"; or the gateway runs in its own process whose
-file size limit (``RLIMIT_FSIZE``, lowered from outside with ``prlimit``, as a full
-disk would) refuses the journal's growth: its writes fail with ``EFBIG``.
+(as another process could), so the writer's transaction gives up after the store's
+busy timeout (``store_busy_timeout``, shortened here) with "database is locked"; or
+the gateway runs in its own process whose file size limit (``RLIMIT_FSIZE``, lowered
+from outside with ``prlimit``, as a full disk would) refuses the journal's growth: its
+writes fail with ``EFBIG``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import resource
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -51,8 +53,9 @@ def text_of(reply: Reply) -> tuple[str | None, str | None]:
     return message.get("message_id"), contents[0]
 
 
-async def fanout(make_gateway: MakeGateway) -> tuple[Gateway, str, str]:
-    gw = await make_gateway(max_wait=60)
+async def fanout(make_gateway: MakeGateway, busy: float) -> tuple[Gateway, str, str]:
+    """A gateway whose commits wait ``busy`` seconds for a write lock another holds."""
+    gw = await make_gateway(max_wait=60, store_busy_timeout=busy)
     news = await feed(gw, "news")
     pipe, _ = await pipe_with(gw)
     await join(gw, pipe, news)
@@ -62,13 +65,17 @@ async def fanout(make_gateway: MakeGateway) -> tuple[Gateway, str, str]:
 async def test_a_refused_publish_is_never_read_and_a_retry_is_accepted(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
-    gw, news, pipe = await fanout(make_gateway)
+    gw, news, pipe = await fanout(make_gateway, 0.3)
     _, asynclet = await listing(gw, pipe)
     assert asynclet.endswith(".1")
     reader = asyncio.create_task(call(gw, "GET", asynclet, Accept=XML))
     await asyncio.sleep(0.2)  # the asynclet waits
     async with Lock(tmp_path / "var" / FILE_NAME):
+        began = time.monotonic()
         refused = await call(gw, "POST", news, persistent("m-1", "refused"), Idempotency_Key="k")
+        # It waited for the lock as long as the gateway's store_busy_timeout says, not
+        # SQLite's default 5 s.
+        assert 0.25 < time.monotonic() - began < 4
         refused.assert_text_error(503)
         assert refused.headers["Retry-After"] == "5"
         assert "nothing of this publish was kept" in refused.body.decode()
@@ -93,7 +100,9 @@ async def test_a_refused_publish_is_never_read_and_a_retry_is_accepted(
 async def test_what_is_published_meanwhile_waits_behind_and_is_not_lost(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
-    gw, news, pipe = await fanout(make_gateway)
+    # The held-back publish must still be waiting for the lock once the other one has
+    # been answered and the pipe listed, well after the 0.3 s it is given to be routed.
+    gw, news, pipe = await fanout(make_gateway, 2.0)
     async with Lock(tmp_path / "var" / FILE_NAME):
         refused = asyncio.create_task(call(gw, "POST", news, persistent("p", "stored")))
         await asyncio.sleep(0.3)  # routed, waiting for its commit

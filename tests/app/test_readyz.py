@@ -92,7 +92,7 @@ async def test_not_ready_while_the_store_cannot_commit(
         status, lines = await ready(gw)
         assert status == 503
         assert lines == ["not ready", "store: no commit within 0.3 s", WORKER]
-    # The writer gets the lock once it is released (within sqlite's busy timeout).
+    # The writer gets the lock once it is released (within the store's busy timeout).
     status, lines = await ready(gw)
     assert (status, lines) == (200, ["ready", "store: committing", WORKER])
 
@@ -100,12 +100,14 @@ async def test_not_ready_while_the_store_cannot_commit(
 async def test_a_failed_commit_is_counted_and_the_probe_shows_recovery(
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
-    gw = await make_gateway(ready_commit_timeout=0.3, metrics_access="open")
+    # The store's transactions outlast the probe's 0.3 s, so the probe says it saw no
+    # commit (and why the last one failed) rather than the failure itself.
+    gw = await make_gateway(ready_commit_timeout=0.3, store_busy_timeout=1.5, metrics_access="open")
     store = gw.store
     async with Lock(tmp_path / "var" / FILE_NAME):
         status, lines = await ready(gw)  # its test transaction waits for the lock ...
         assert status == 503
-        deadline = time.monotonic() + 10  # ... until sqlite's busy timeout (5 s) ends it
+        deadline = time.monotonic() + 10  # ... until the store's busy timeout ends it
         while not store.failing:
             assert time.monotonic() < deadline, "the store's transaction never failed"
             await asyncio.sleep(0.05)

@@ -304,7 +304,8 @@ async def test_a_full_gateway_pipe_stops_the_pull_bridge_and_the_pusher_blocks(
 async def test_what_the_pull_bridge_published_shows_only_once_committed_and_is_not_lost(
     make_gateway: MakeGateway, peers: Peers, tmp_path: Path
 ) -> None:
-    gw = await gateway(make_gateway, zmq_bridge("in", "pull", "incoming"))
+    # Each commit gives up on the held lock after 0.3 s rather than the default 5 s.
+    gw = await gateway(make_gateway, zmq_bridge("in", "pull", "incoming"), store_busy_timeout=0.3)
     pipe = await new_pipe(gw, "incoming", durable="1")  # every copy stored, so committed
     pusher = await peers.start("push", "--endpoint", endpoint(gw, "in"))
     async with Lock(tmp_path / "var" / FILE_NAME):  # every commit fails meanwhile

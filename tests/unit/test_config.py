@@ -53,6 +53,7 @@ def test_domains_and_configured_feeds_come_from_toml(tmp_path: Path) -> None:
         ("max_body = 0\n", "max_body must be positive"),
         ('store = "postgres"\n', 'store must be "sqlite" or "memory"'),
         ('store_sync = "off"\n', 'store_sync must be "full" or "normal"'),
+        ("store_busy_timeout = -1\n", "store_busy_timeout must not be negative"),
         ("journal_interval = 0\n", "journal_interval must be positive"),
         ("shutdown_grace = 0\n", "shutdown_grace must be positive"),
         ('overflow = "explode"\n', "overflow must be one of"),
