@@ -261,8 +261,8 @@ class Config:
         self._check_engine()
         if self.store_sync not in ("full", "normal"):
             raise ConfigError('store_sync must be "full" or "normal"')
-        if self.store_busy_timeout < 0:
-            raise ConfigError("store_busy_timeout must not be negative")
+        if not 0 <= self.store_busy_timeout <= 60:
+            raise ConfigError("store_busy_timeout must be from 0 to 60 seconds")
         keys = ("max_body", "max_wait", "stream_max", "heartbeat", "sweep_interval")
         sockets = ("websocket_heartbeat", "websocket_max_life")
         for key in (*keys, *sockets, "journal_interval", "shutdown_grace"):
