@@ -154,14 +154,18 @@ class QueuePager:
 
     def want(self, feed: Feed) -> None:
         """The engine's ``on_queue_page``: the feed's next page is wanted."""
-        if feed in self._tasks:
+        running = self._tasks.get(feed)
+        # A task that has ended but whose done callback has not run yet reads no more:
+        # a page wanted in that moment needs a task of its own, or nobody reads it.
+        if running is not None and not running.done():
             return  # its task reads on while the queue is empty in memory
         task = asyncio.get_running_loop().create_task(self._read(feed), name="queue-pager")
         self._tasks[feed] = task
         task.add_done_callback(lambda done: self._done(feed, done))
 
     def _done(self, feed: Feed, task: asyncio.Task[None]) -> None:
-        self._tasks.pop(feed, None)
+        if self._tasks.get(feed) is task:
+            del self._tasks[feed]
         if not task.cancelled() and task.exception() is not None:
             log.error("reading a feed queue's page back failed", exc_info=task.exception())
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from feeds import EngineConfig
 from feeds.config import OVERHEAD
 from feeds.engine import Engine
 from feeds.model import Feed, Pipe, Slot
+from feeds.paging import PAGE, QueuePager
 from feeds.store import Store
 from restms.errors import ServiceUnavailable
 from restms.specs import EmbeddedContent, FeedSpec, JoinSpec, MessageSpec, PipeSpec
@@ -242,3 +244,53 @@ async def test_a_dead_letter_counts_what_its_feed_queue_holds_on_disk(tmp_path: 
     assert not engine.dead_letter(reader, letter, "rejected")  # the queue is full
     assert engine.counters.dead_discarded == 1
     await gw.close()
+
+
+class Interleaved(Engine):
+    """An engine after whose every page read back a reader acts at once: its callback
+    is the next thing the loop runs, before the page reader's own task is wound up."""
+
+    def __init__(self, config: EngineConfig, reader: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.reader = reader
+
+    def queue_page_in(self, feed: Feed, low: int, rows: list[tuple[int, bytes]]) -> int:
+        taken = super().queue_page_in(feed, low, rows)
+        asyncio.get_running_loop().call_soon(self.reader)
+        return taken
+
+
+async def test_a_page_wanted_as_the_last_read_ends_is_still_read(tmp_path: Path) -> None:
+    """The queue ran empty in memory in the moment the page reader's task ended: that
+    want started no read and the worker waited forever (a test of the gateway hung)."""
+    budget = (PAGE + 100) * (SIZE + 20 + OVERHEAD)  # a page read back fits in memory
+    store = Store(tmp_path)
+    snapshot = await asyncio.to_thread(store.load, budget, OVERHEAD)
+    seen: list[str] = []
+
+    def take_all() -> None:
+        while pipe.messages:
+            seq, message = next(iter(pipe.messages.items()))
+            seen.append(message.spec.prop("message_id") or "")
+            engine.ack(Slot(pipe, seq))
+
+    engine = Interleaved(EngineConfig(memory_budget=budget), take_all)
+    engine.restore(snapshot)
+    store.start(asyncio.get_running_loop())
+    pager = QueuePager(engine, store)
+    engine.on_queue_page = pager.want
+    feed = rotator(engine)
+    pipe = worker(engine, feed)
+    pipe.max_messages = 2  # full at once: the rest queues, more than a page on disk
+    names = [f"m{n}" for n in range(3 * PAGE + 100)]
+    for name in names:
+        engine.publish(feed, [msg(name, persistent=False)])
+    assert feed.qspilled > PAGE
+    for _ in range(500):
+        take_all()
+        if len(seen) == len(names):
+            break
+        await asyncio.sleep(0.01)
+    await pager.stop()
+    await asyncio.to_thread(store.close)
+    assert seen == names
