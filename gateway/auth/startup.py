@@ -29,6 +29,7 @@ from gateway.auth.authn import AUTH, Authenticator
 from gateway.auth.oauth import OWN_TOKENS
 from gateway.server.config import Config
 from gateway.server.keys import CHECKS, CLIENTS, CONFIG, ISSUER
+from gateway.server.replies import read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         async with session.get(url, allow_redirects=False) as reply:
             if reply.status != 200:
                 raise OSError(f"{url} answered {reply.status}")
-            body = await reply.content.read(FETCH_LIMIT + 1)
-        if len(body) > FETCH_LIMIT:
+            body, more = await read_at_most(reply, FETCH_LIMIT)
+        if more:
             raise OSError(f"{url} answered more than {FETCH_LIMIT} bytes")
         return body
 
@@ -89,8 +90,8 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         async with session.post(
             url, data=dict(form), headers=headers, allow_redirects=False
         ) as reply:
-            body = await reply.content.read(FETCH_LIMIT + 1)
-            return reply.status, body[:FETCH_LIMIT]
+            body, _ = await read_at_most(reply, FETCH_LIMIT)
+            return reply.status, body
 
     trusted: list[TrustedIssuer] = []
     if builtin is not None:

@@ -47,6 +47,7 @@ import aiohttp
 
 from bridges.checks import redact
 from bridges.federation.remote import Auth, Unavailable
+from gateway.server.replies import read_at_most
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
 
 from . import wire
@@ -216,16 +217,10 @@ class RemoteSession:
         if reply.content_length is not None and reply.content_length > limit:
             reply.close()
             raise Unavailable(f"{where}: the reply of {reply.content_length} bytes is too large")
-        chunks: list[bytes] = []
-        left = limit + 1
-        while left > 0:
-            chunk = await reply.content.read(left)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            left -= len(chunk)
-        reply.close()
-        raise Unavailable(f"{where}: the reply is larger than {limit} bytes")
+        body, more = await read_at_most(reply, limit)
+        if more:
+            raise Unavailable(f"{where}: the reply is larger than {limit} bytes")
+        return body
 
     async def open(self) -> aiohttp.ClientSession:
         async with self._opening:

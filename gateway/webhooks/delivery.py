@@ -72,6 +72,7 @@ from feeds.service import Cursor, EngineService, Message, Webhook
 from gateway.restms import http, views
 from gateway.server import tracing as gateway_tracing
 from gateway.server.keys import CONFIG, SERVICE
+from gateway.server.replies import read_at_most
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress, split_allow
 from restms.errors import NotFound, ServiceUnavailable
 from restms.media import Format
@@ -210,17 +211,8 @@ class Webhooks:
 
     async def _read(self, reply: aiohttp.ClientResponse) -> bytes:
         """At most ``webhook_response_max`` bytes; the connection is dropped past them."""
-        chunks: list[bytes] = []
-        left = self.response_max
-        while left > 0:
-            chunk = await reply.content.read(left)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-            left -= len(chunk)
-        if not reply.content.at_eof():
-            reply.close()
-        return b"".join(chunks)
+        body, _ = await read_at_most(reply, self.response_max)
+        return body
 
 
 class Worker:

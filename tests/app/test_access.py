@@ -261,6 +261,52 @@ async def test_keys_from_an_external_jwks_url_rotate(make_gateway: MakeGateway) 
         assert owners == {"idp.test/carol"}
 
 
+async def in_pieces(request: web.Request, document: dict[str, Any]) -> web.StreamResponse:
+    """The document sent chunked, in two writes a moment apart: a reader that takes one
+    read for the whole body gets only the first half."""
+    data = json.dumps(document).encode()
+    reply = web.StreamResponse(headers={"Content-Type": "application/json"})
+    reply.enable_chunked_encoding()
+    await reply.prepare(request)
+    await reply.write(data[: len(data) // 2])
+    await asyncio.sleep(0.05)
+    await reply.write(data[len(data) // 2 :])
+    await reply.write_eof()
+    return reply
+
+
+async def test_keys_and_introspection_answers_sent_in_pieces_are_read_whole(
+    make_gateway: MakeGateway,
+) -> None:
+    key = ECKey.generate_key("P-256", private=True)
+    public = {**key.as_dict(private=False), "kid": key.thumbprint(), "alg": "ES256"}
+
+    async def jwks(request: web.Request) -> web.StreamResponse:
+        return await in_pieces(request, {"keys": [public]})
+
+    async def introspect(request: web.Request) -> web.StreamResponse:
+        exp = int(time.time()) + 300
+        answer = {"active": True, "sub": "svc", "scope": EVERYTHING, "exp": exp}
+        return await in_pieces(request, answer)
+
+    idp = web.Application()
+    idp.router.add_get("/jwks", jwks)
+    idp.router.add_post("/introspect", introspect)
+    async with serving(idp) as port:
+        issuer = IssuerConfig(issuer="https://idp.test", jwks_url=f"http://127.0.0.1:{port}/jwks")
+        gw = await make_gateway(
+            issuers=(issuer,),
+            introspection_url=f"http://127.0.0.1:{port}/introspect",
+            introspection_client_id="gateway",
+            introspection_client_secret="s3cret",
+        )
+        signed = As.bearer(gw, _forge(key, _claims(iss="https://idp.test", sub="carol")))
+        status, text, _ = await signed.call("GET", DOMAIN)
+        assert status == 200, text
+        status, text, _ = await As.bearer(gw, "opaque-good").call("GET", DOMAIN)
+        assert status == 200, text
+
+
 # ---------------------------------------------------------------- ownership
 async def test_another_principals_resources_are_not_there(make_gateway: MakeGateway) -> None:
     gw, secrets = await gateway_with(make_gateway)
