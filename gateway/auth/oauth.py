@@ -50,6 +50,7 @@ from auth.issuer import (
 )
 from auth.token_endpoints import OwnTokens, parse_token_query
 from gateway.server import compression
+from gateway.server.bodies import read_at_most
 from gateway.server.keys import CHECKS, CLIENTS, ISSUER, SERVICE
 
 log = logging.getLogger(__name__)
@@ -230,12 +231,10 @@ async def _read_form(request: web.Request) -> bytes:
         if len(decoded) > MAX_FORM:
             raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")
         return decoded
-    body = bytearray()
-    while chunk := await request.content.read(MAX_FORM + 1 - len(body)):
-        body += chunk
-        if len(body) > MAX_FORM:
-            raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")
-    return bytes(body)
+    body, more = await read_at_most(request.content, MAX_FORM)
+    if more:
+        raise InvalidRequest(f"the request body is larger than {MAX_FORM} bytes")
+    return body
 
 
 async def jwks(request: web.Request) -> web.Response:

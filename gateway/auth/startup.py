@@ -27,9 +27,9 @@ from auth.token_endpoints import OwnTokens
 from auth.tokens import Introspector, JwtVerifier, TrustedIssuer, Verifier
 from gateway.auth.authn import AUTH, Authenticator
 from gateway.auth.oauth import OWN_TOKENS
+from gateway.server.bodies import read_at_most
 from gateway.server.config import Config
 from gateway.server.keys import CHECKS, CLIENTS, CONFIG, ISSUER
-from gateway.server.replies import read_at_most
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         async with session.get(url, allow_redirects=False) as reply:
             if reply.status != 200:
                 raise OSError(f"{url} answered {reply.status}")
-            body, more = await read_at_most(reply, FETCH_LIMIT)
+            body, more = await read_at_most(reply.content, FETCH_LIMIT)
         if more:
             raise OSError(f"{url} answered more than {FETCH_LIMIT} bytes")
         return body
@@ -90,7 +90,7 @@ async def auth_context(app: web.Application) -> AsyncIterator[None]:
         async with session.post(
             url, data=dict(form), headers=headers, allow_redirects=False
         ) as reply:
-            body, _ = await read_at_most(reply, FETCH_LIMIT)
+            body, _ = await read_at_most(reply.content, FETCH_LIMIT)
             return reply.status, body
 
     trusted: list[TrustedIssuer] = []

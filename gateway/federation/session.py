@@ -47,7 +47,7 @@ import aiohttp
 
 from bridges.checks import redact
 from bridges.federation.remote import Auth, Unavailable
-from gateway.server.replies import read_at_most
+from gateway.server.bodies import read_at_most
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress
 
 from . import wire
@@ -217,8 +217,9 @@ class RemoteSession:
         if reply.content_length is not None and reply.content_length > limit:
             reply.close()
             raise Unavailable(f"{where}: the reply of {reply.content_length} bytes is too large")
-        body, more = await read_at_most(reply, limit)
+        body, more = await read_at_most(reply.content, limit)
         if more:
+            reply.close()
             raise Unavailable(f"{where}: the reply is larger than {limit} bytes")
         return body
 

@@ -71,8 +71,8 @@ from bridges import tracing
 from feeds.service import Cursor, EngineService, Message, Webhook
 from gateway.restms import http, views
 from gateway.server import tracing as gateway_tracing
+from gateway.server.bodies import read_at_most
 from gateway.server.keys import CONFIG, SERVICE
-from gateway.server.replies import read_at_most
 from gateway.webhooks.guard import Guard, GuardedResolver, RefusedAddress, split_allow
 from restms.errors import NotFound, ServiceUnavailable
 from restms.media import Format
@@ -197,7 +197,8 @@ class Webhooks:
                 asyncio.timeout(timeout),
                 self._session.request(method, url, allow_redirects=False, **kwargs) as reply,
             ):
-                return Outcome(str(reply.status)), await self._read(reply)
+                body, _ = await read_at_most(reply.content, self.response_max)
+                return Outcome(str(reply.status)), body
         except TimeoutError:
             return Outcome("timeout", f"no answer within {timeout:g} s"), b""
         except RefusedAddress as exc:
@@ -208,11 +209,6 @@ class Webhooks:
             return Outcome("connect", f"cannot connect: {exc.os_error.strerror or 'failed'}"), b""
         except (aiohttp.ClientError, OSError) as exc:
             return Outcome("error", f"the exchange failed ({type(exc).__name__})"), b""
-
-    async def _read(self, reply: aiohttp.ClientResponse) -> bytes:
-        """At most ``webhook_response_max`` bytes; the connection is dropped past them."""
-        body, _ = await read_at_most(reply, self.response_max)
-        return body
 
 
 class Worker:
