@@ -307,6 +307,38 @@ async def test_keys_and_introspection_answers_sent_in_pieces_are_read_whole(
         assert status == 200, text
 
 
+async def test_an_issuers_keys_past_the_fetch_limit_are_refused(
+    make_gateway: MakeGateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A JWKS endpoint that sends more than the 1 MiB limit, chunked (no length to
+    refuse it by): the gateway stops at the limit, has no keys, and answers 401, not 500."""
+
+    async def jwks(request: web.Request) -> web.StreamResponse:
+        reply = web.StreamResponse(headers={"Content-Type": "application/json"})
+        reply.enable_chunked_encoding()
+        await reply.prepare(request)
+        try:
+            for _ in range(64):  # 4 MiB offered, 64 KiB a write
+                await reply.write(b" " * 65536)
+            await reply.write_eof()
+        except ConnectionError:
+            pass  # the gateway hung up past its limit
+        return reply
+
+    idp = web.Application()
+    idp.router.add_get("/jwks", jwks)
+    async with serving(idp) as port:
+        issuer = IssuerConfig(issuer="https://idp.test", jwks_url=f"http://127.0.0.1:{port}/jwks")
+        gw = await make_gateway(issuers=(issuer,))
+        key = ECKey.generate_key("P-256", private=True)
+        signed = As.bearer(gw, _forge(key, _claims(iss="https://idp.test", sub="carol")))
+        status, text, headers = await signed.call("GET", DOMAIN)
+        assert status == 401, text
+        assert headers["Content-Type"].startswith("text/plain")
+        assert "token signing keys unavailable" in text
+    assert "answered more than 1048576 bytes" in caplog.text
+
+
 # ---------------------------------------------------------------- ownership
 async def test_another_principals_resources_are_not_there(make_gateway: MakeGateway) -> None:
     gw, secrets = await gateway_with(make_gateway)
