@@ -60,6 +60,7 @@ from feeds.service import Census, Histogram, Stats
 from gateway.admin.bridging import BRIDGES
 from gateway.admin.mirroring import MIRROR
 from gateway.auth.authn import AUTH, PRINCIPAL, WAIT_KINDS, authenticate, is_relayed
+from gateway.restms.websocket import CLOSES
 from gateway.server.keys import SERVICE
 from gateway.server.shutdown import IN_FLIGHT
 from gateway.server.state import STATE
@@ -209,6 +210,10 @@ class Gauges(Collector):
         for kind in WAIT_KINDS:
             waiting.add_metric((kind,), held[kind])
         yield waiting
+        closes = _labelled(CounterMetricFamily, "restms_websocket_closes", "code")
+        for code, count in sorted(app[CLOSES].codes.items()):
+            closes.add_metric((str(code),), count)
+        yield closes
         if self.stats is not None:
             yield from _engine(self.stats)
         yield from self._store()
@@ -312,6 +317,9 @@ HELP = {
     "restms_waiting_requests": (
         "Requests holding a wait slot now: asynclets, evented GETs, SSE and stream-pipe "
         "readers, WebSockets"
+    ),
+    "restms_websocket_closes": (
+        "WebSockets the gateway closed, by close code (1011: a fault, logged with its trace)"
     ),
     "restms_bridge_state": "1 for the state a bridge's link is in",
     "restms_bridge_backlog": "Messages waiting on the gateway side of a bridge",

@@ -264,6 +264,22 @@ class Frames:
 FRAMES = web.AppKey("websocket_frames", Frames)
 
 
+class Closes:
+    """How many sockets the gateway itself closed, by close code: a 1011 is a fault
+    the log holds the trace of (``restms_websocket_closes``, docs/METRICS.md)."""
+
+    __slots__ = ("codes",)
+
+    def __init__(self) -> None:
+        self.codes: dict[int, int] = {}
+
+    def count(self, code: int) -> None:
+        self.codes[code] = self.codes.get(code, 0) + 1
+
+
+CLOSES = web.AppKey("websocket_closes", Closes)
+
+
 # ---------------------------------------------------------------- the handler
 def requested(request: web.Request) -> bool:
     """Whether a GET asks to become a WebSocket."""
@@ -432,6 +448,7 @@ class Session:
         if self.end is not None:
             return
         self.end = end
+        self.request.app[CLOSES].count(end.code)
         with contextlib.suppress(ConnectionError):
             await self.ws.send_frame(end_frame(end), WSMsgType.TEXT)
         await self.ws.close(code=end.code, message=end.reason.encode()[:123])
@@ -507,4 +524,14 @@ class Session:
         return published_frame(counts, asked.id)
 
 
-__all__ = ["FRAMES", "PROTOCOL", "End", "Frames", "Session", "requested", "serve"]
+__all__ = [
+    "CLOSES",
+    "FRAMES",
+    "PROTOCOL",
+    "Closes",
+    "End",
+    "Frames",
+    "Session",
+    "requested",
+    "serve",
+]

@@ -28,7 +28,7 @@ import aiohttp
 import pytest
 
 from gateway.restms.websocket import Frames
-from tests.app.gauges import until_waiting
+from tests.app.gauges import scrape, until_waiting, value
 from tests.app.jsonapi import new_pipe
 from tests.app.oauth import DOMAIN, As, clients, token
 from tests.app.process import listening_port, start
@@ -249,9 +249,17 @@ async def test_request_deadlines_do_not_cut_an_open_socket(make_gateway: MakeGat
 
 
 # ---------------------------------------------------------------- how a socket ends
-async def test_deleting_the_pipe_ends_the_socket_with_4404(gw: Gateway) -> None:
+async def closes(gw: Gateway, code: int) -> float:
+    """The sockets the gateway closed with ``code``, as its metrics count them."""
+    samples, _ = await scrape(gw)
+    return value(samples, "restms_websocket_closes_total", code=str(code))
+
+
+async def test_deleting_the_pipe_ends_the_socket_with_4404(make_gateway: MakeGateway) -> None:
+    gw = await make_gateway(metrics_access="loopback")
     pipe = await new_pipe(gw)
     await send(gw, pipe, "only")
+    before = await closes(gw, 4404)
     async with await connect(gw, pipe["uri"]) as ws:
         await deliveries(ws, 1)
         async with gw.http.delete(pipe["uri"]) as r:
@@ -259,6 +267,7 @@ async def test_deleting_the_pipe_ends_the_socket_with_4404(gw: Gateway) -> None:
         end, code = await ended(ws)
     assert code == 4404
     assert end == {"type": "end", "code": 4404, "reason": "the pipe was deleted"}
+    assert await closes(gw, 4404) == before + 1
 
 
 async def test_the_socket_ends_with_4401_when_its_token_expires(
@@ -285,15 +294,17 @@ async def test_the_socket_ends_with_1000_at_its_maximum_life(make_gateway: MakeG
 
 
 async def test_a_failure_in_the_gateway_ends_the_socket_with_1011(
-    gw: Gateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    make_gateway: MakeGateway, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The last resort: a bug while pushing is logged and the client is told, never left
-    waiting on a socket that no longer sends."""
+    """The last resort: a bug while pushing is logged, counted and the client is told,
+    never left waiting on a socket that no longer sends."""
+    gw = await make_gateway(metrics_access="loopback")
     pipe = await new_pipe(gw)
 
     def broken(*_: object) -> bytes:
         raise RuntimeError("a fault put in by the test")
 
+    before = await closes(gw, 1011)
     monkeypatch.setattr(Frames, "message", broken)
     async with await connect(gw, pipe["uri"]) as ws:
         await send(gw, pipe, "m")
@@ -301,6 +312,8 @@ async def test_a_failure_in_the_gateway_ends_the_socket_with_1011(
     assert code == 1011
     assert end["reason"] == "internal error; it has been logged"
     assert any("WebSocket push failed" in r.getMessage() for r in caplog.records)
+    assert await closes(gw, 1011) == before + 1  # counted, where the HTTP metric says 101
+    assert await closes(gw, 4404) == 0  # by its own code only
     monkeypatch.undo()
     async with await connect(gw, pipe["uri"]) as ws:  # nothing was lost
         assert ids(await deliveries(ws, 1)) == ["m"]
