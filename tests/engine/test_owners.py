@@ -32,7 +32,8 @@ from .conftest import SWEEP, forget_namespace
 from .helpers import ME, eventually, msg, new_pipe, publish
 
 HOOK = WebhookOptions(callback="http://127.0.0.1:9/hook", secret="s" * 32)
-TTL = 0.6  # seconds a lock lives unless renewed (5 in a gateway)
+TTL = 1.5  # seconds a lock lives unless renewed (5 in a gateway); a loop stall under
+# a busy machine must stay well under it, or the other node takes a lock still held
 RENEW = 0.05
 
 
