@@ -181,7 +181,7 @@ async def create_pipe(engine: RedisEngine, principal: str, domain: str, spec: Pi
             modified=now,
         )
         fields.append((field_of(default), encode(default)))
-    await syncing.change(engine, lambda: (fields, None))
+    await syncing.change(engine, lambda: (fields, None), decided=False)
     made = engine.cache.pipes[key]
     if made.type == "webhook":
         await engine.owners.claim(key)
@@ -338,7 +338,7 @@ async def stage(
         modified=now,
         expires=now + ttl,
     )
-    await syncing.change(engine, lambda: ([(field_of(made), encode(made))], None))
+    await syncing.change(engine, lambda: ([(field_of(made), encode(made))], None), decided=False)
     engine.counters.staged += 1
     return staged_info(made, target.name is not None, target.domain)
 
@@ -355,5 +355,5 @@ async def staged(engine: RedisEngine, principal: str | None, key: str) -> tuple[
 
 async def delete_staged(engine: RedisEngine, principal: str | None, key: str) -> None:
     await syncing.staged(engine, principal, key)
-    await syncing.change(engine, lambda: ([(f"s:{key}", None)], None))
+    await syncing.change(engine, lambda: ([(f"s:{key}", None)], None), decided=False)
     await engine.link.call(engine.keys.cat, "UNLINK", engine.keys.staged(key), write=True)

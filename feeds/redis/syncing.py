@@ -83,7 +83,8 @@ def news(engine: RedisEngine, reply: list[Any]) -> None:
     full = reply[1] == b"full"
     before = set(engine.cache.pipes) if full else set()
     engine.cache.load(version, items, full=full)
-    changed(engine, items, before - set(engine.cache.pipes))
+    # A delta names the pipes it deleted; only a full reload must look for the gone.
+    changed(engine, items, before.difference(engine.cache.pipes) if full else set())
 
 
 def changed(engine: RedisEngine, fields: Fields, gone: set[str]) -> None:
@@ -99,10 +100,15 @@ def changed(engine: RedisEngine, fields: Fields, gone: set[str]) -> None:
             future.set_result(True)
 
 
-async def change(engine: RedisEngine, build: Callable[[], tuple[Fields, T]]) -> T:
+async def change(
+    engine: RedisEngine, build: Callable[[], tuple[Fields, T]], *, decided: bool = True
+) -> T:
     """Make a change the cache decides (``build``: the fields to write, and the
     answer), atomically against the version it was decided on: when another engine
-    changed the catalogue first, read the news and decide again."""
+    changed the catalogue first, read the news and decide again. ``decided=False``: a
+    change that depends on nothing the catalogue holds (a record under a new random key,
+    a staged content taken away), made whatever the version. Concurrent creations then
+    do not turn each other away: n of them at once cost n calls, not n(n+1)/2."""
     keys = engine.keys
     for _ in range(50):
         fields, answer = build()
@@ -111,7 +117,7 @@ async def change(engine: RedisEngine, build: Callable[[], tuple[Fields, T]]) -> 
         args: list[Any] = []
         for name, value in fields:
             args += [name, value or b""]
-        expected = engine.cache.version
+        expected: int | str = engine.cache.version if decided else "*"
         made, version = await engine.link.call(
             keys.cat,
             "FCALL",

@@ -135,6 +135,35 @@ async def test_a_change_on_one_node_reaches_the_others_cache(
         await asyncio.wait_for(reading, 2.0)
 
 
+async def test_pipes_made_at_once_on_two_nodes_do_not_turn_each_other_away(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pipe is a record under a new random key: its making depends on nothing else the
+    catalogue holds, so pipes made at once are each one catalogue write, none sent again
+    because another made the catalogue move first; both nodes then know them all."""
+    writes: list[str] = []
+    for engine in nodes:
+        sent = engine.link.call
+
+        async def counted(*command: Any, sent: Any = sent, **options: Any) -> Any:
+            if command[1] == "FCALL" and str(command[2]).endswith("cat_change"):
+                writes.append(command[2])
+            return await sent(*command, **options)
+
+        monkeypatch.setattr(engine.link, "call", counted)
+    made = await asyncio.gather(*(new_pipe(engine) for engine in nodes for _ in range(16)))
+    keys = {pipe.key for pipe in made}
+    assert len(keys) == 32
+    assert len(writes) == 32
+
+    async def known() -> bool:  # the other node's news come by pub/sub, a moment later
+        return all(keys <= set(engine.cache.pipes) for engine in nodes)
+
+    await eventually(known)
+    for engine in nodes:
+        assert {(await engine.pipe(ME, key)).key for key in keys} == keys
+
+
 async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
