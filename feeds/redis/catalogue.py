@@ -157,6 +157,10 @@ class Cache:
         self.pipes: dict[str, PipeRec] = {}
         self.joins: dict[str, JoinRec] = {}
         self.staged: dict[str, StagedRec] = {}
+        # Each principal's pipes and feeds (keys, in the order made), so that a quota
+        # check or a listing of one's own reads those, not every pipe there is.
+        self.pipes_of: dict[str, dict[str, None]] = {}
+        self.feeds_of: dict[str, dict[str, None]] = {}
         self.configured = self._configured()
         self.reset()
 
@@ -201,6 +205,7 @@ class Cache:
             for feed in self.configured
         }
         self.pipes, self.joins, self.staged = {}, {}, {}
+        self.pipes_of, self.feeds_of = {}, {}
 
     # ------------------------------------------------------------ news from the store
     def load(self, version: int, items: Iterable[tuple[str, bytes | None]], full: bool) -> set[str]:
@@ -235,9 +240,12 @@ class Cache:
                     setattr(known, attribute, item)
                 return
         if kind == "f":
-            self.feeds[key] = FeedRec(**data)
+            feed = self.feeds[key] = FeedRec(**data)
+            if not feed.configured:
+                self.feeds_of.setdefault(feed.owner, {})[key] = None
         elif kind == "p":
-            self.pipes[key] = PipeRec(**data)
+            pipe = self.pipes[key] = PipeRec(**data)
+            self.pipes_of.setdefault(pipe.owner, {})[key] = None
         elif kind == "j":
             data["headers"] = tuple(tuple(h) for h in data["headers"])
             self._forget(kind, key)
@@ -250,11 +258,13 @@ class Cache:
             feed = self.feeds.get(key)
             if feed is not None and not feed.configured:
                 del self.feeds[key]
+                _disown(self.feeds_of, feed.owner, key)
                 for join in list(feed.joins.values()):
                     self._unlink(join)
         elif kind == "p":
             pipe = self.pipes.pop(key, None)
             if pipe is not None:
+                _disown(self.pipes_of, pipe.owner, key)
                 for join in list(pipe.joins.values()):
                     self._unlink(join)
         elif kind == "j":
@@ -301,6 +311,13 @@ class Cache:
             raise BadRequest(f"join names no existing feed: {path}")
         return feed
 
+    def pipes_owned(self, owner: str) -> list[PipeRec]:
+        return [self.pipes[key] for key in self.pipes_of.get(owner, ())]
+
+    def feeds_owned(self, owner: str) -> int:
+        """How many feeds ``owner`` made, public and private (configured ones are nobody's)."""
+        return len(self.feeds_of.get(owner, ()))
+
     def public_feeds(self, domain: str) -> list[FeedRec]:
         return [f for f in self.feeds.values() if f.name is not None and f.domain == domain]
 
@@ -311,6 +328,14 @@ class Cache:
         if feed.type in INDEXED_TYPES:
             return list(feed.by_address.get(address, ()))
         return [j for j in feed.joins.values() if j.match is None or j.match(address, headers)]
+
+
+def _disown(index: dict[str, dict[str, None]], owner: str, key: str) -> None:
+    mine = index.get(owner)
+    if mine is not None:
+        mine.pop(key, None)
+        if not mine:
+            del index[owner]
 
 
 def replace(record: Any, **changes: Any) -> Any:

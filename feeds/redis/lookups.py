@@ -99,8 +99,7 @@ async def pipe(engine: RedisEngine, principal: str | None, key: str) -> PipeInfo
 
 async def pipes(engine: RedisEngine, principal: str) -> tuple[PipeInfo, ...]:
     await syncing.fresh(engine)
-    mine = [p for p in engine.cache.pipes.values() if p.owner == principal]
-    return tuple([await pipe_of(engine, p) for p in mine])
+    return tuple([await pipe_of(engine, p) for p in engine.cache.pipes_owned(principal)])
 
 
 async def join(engine: RedisEngine, principal: str | None, key: str) -> JoinInfo:
@@ -126,9 +125,9 @@ async def listed_feeds(engine: RedisEngine, domain: str) -> tuple[FeedInfo, ...]
 async def owned(engine: RedisEngine, principal: str) -> Owned:
     await syncing.fresh(engine)
     cache = engine.cache
-    pipes = [p for p in cache.pipes.values() if p.owner == principal]
+    pipes = cache.pipes_owned(principal)
     return Owned(
-        feeds=sum(1 for f in cache.feeds.values() if not f.configured and f.owner == principal),
+        feeds=cache.feeds_owned(principal),
         pipes=len(pipes),
         joins=sum(len(p.joins) for p in pipes),
     )

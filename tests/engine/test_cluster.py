@@ -14,7 +14,7 @@ from blockbuster import BlockBuster
 
 from feeds.config import EngineConfig
 from feeds.redis import RedisEngine
-from feeds.service import FeedInfo, PipeInfo
+from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
 from restms.specs import EmbeddedContent, MessageSpec
 from tests.nodes import CLUSTER_URL
@@ -162,6 +162,32 @@ async def test_pipes_made_at_once_on_two_nodes_do_not_turn_each_other_away(
     await eventually(known)
     for engine in nodes:
         assert {(await engine.pipe(ME, key)).key for key in keys} == keys
+
+
+async def test_a_node_started_later_counts_each_principals_resources_as_the_others(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    """A node that reads the whole catalogue at its start indexes each principal's pipes
+    and feeds as the nodes that saw them made one by one (quotas, listings)."""
+    first, second = nodes
+    mine = [await new_pipe(first) for _ in range(3)]
+    await new_pipe(second, owner="someone-else")
+    await new_feed(second)
+    await second.delete_pipe(ME, mine[1].key)
+    late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
+    await late.start()
+    try:
+        for engine in (first, second, late):
+            await eventually(lambda engine=engine: _settled(engine))
+            assert await engine.owned(ME) == Owned(feeds=1, pipes=2, joins=2)
+            assert await engine.owned("someone-else") == Owned(feeds=0, pipes=1, joins=1)
+            assert {p.key for p in await engine.pipes(ME)} == {mine[0].key, mine[2].key}
+    finally:
+        await late.close()
+
+
+async def _settled(engine: RedisEngine) -> bool:
+    return len(engine.cache.pipes) == 3
 
 
 async def test_a_lease_taken_on_one_node_runs_out_on_the_other(

@@ -70,12 +70,16 @@ async def test_owned_counts_what_a_principal_has(engine: EngineService) -> None:
     assert await engine.owned(ME) == Owned(feeds=0, pipes=0, joins=0)
     _feed, pipe = await _news(engine)
     await new_feed(engine)  # a private one counts too
-    await new_pipe(engine, owner=OTHER)
+    others = await new_pipe(engine, owner=OTHER)
     # Each pipe has its default join (F15) besides the one made here.
     assert await engine.owned(ME) == Owned(feeds=2, pipes=1, joins=2)
     assert await engine.owned(OTHER) == Owned(feeds=0, pipes=1, joins=1)
     await engine.delete_pipe(ME, pipe.key)
     assert await engine.owned(ME) == Owned(feeds=2, pipes=0, joins=0)
+    await engine.delete_feed(ME, "news")
+    assert await engine.owned(ME) == Owned(feeds=1, pipes=0, joins=0)
+    assert [p.key for p in await engine.pipes(OTHER)] == [others.key]
+    assert await engine.pipes(ME) == ()
 
 
 async def test_a_joins_feed_path_resolves_or_is_400(engine: EngineService) -> None:
