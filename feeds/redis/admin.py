@@ -76,7 +76,7 @@ async def census(engine: RedisEngine) -> Census:
         queued_on_disk=0,
         staged_bytes=sum(s.size for s in engine.cache.staged.values()),
         held_bytes=held_bytes,
-        webhook_pipes=sum(1 for p in engine.cache.pipes.values() if p.type == "webhook"),
+        webhook_pipes=len(engine.cache.hooks),
     )
 
 

@@ -161,6 +161,7 @@ class Cache:
         # check or a listing of one's own reads those, not every pipe there is.
         self.pipes_of: dict[str, dict[str, None]] = {}
         self.feeds_of: dict[str, dict[str, None]] = {}
+        self.hooks: set[str] = set()  # the webhook pipes, which the owners' rounds share out
         self.configured = self._configured()
         self.reset()
 
@@ -205,7 +206,7 @@ class Cache:
             for feed in self.configured
         }
         self.pipes, self.joins, self.staged = {}, {}, {}
-        self.pipes_of, self.feeds_of = {}, {}
+        self.pipes_of, self.feeds_of, self.hooks = {}, {}, set()
 
     # ------------------------------------------------------------ news from the store
     def load(self, version: int, items: Iterable[tuple[str, bytes | None]], full: bool) -> set[str]:
@@ -238,6 +239,8 @@ class Cache:
             if known is not None:  # changed: its joins stay
                 for attribute, item in data.items():
                     setattr(known, attribute, item)
+                if isinstance(known, PipeRec):
+                    self._hooked(known)
                 return
         if kind == "f":
             feed = self.feeds[key] = FeedRec(**data)
@@ -246,6 +249,7 @@ class Cache:
         elif kind == "p":
             pipe = self.pipes[key] = PipeRec(**data)
             self.pipes_of.setdefault(pipe.owner, {})[key] = None
+            self._hooked(pipe)
         elif kind == "j":
             data["headers"] = tuple(tuple(h) for h in data["headers"])
             self._forget(kind, key)
@@ -265,6 +269,7 @@ class Cache:
             pipe = self.pipes.pop(key, None)
             if pipe is not None:
                 _disown(self.pipes_of, pipe.owner, key)
+                self.hooks.discard(key)
                 for join in list(pipe.joins.values()):
                     self._unlink(join)
         elif kind == "j":
@@ -273,6 +278,12 @@ class Cache:
                 self._unlink(known)
         elif kind == "s":
             self.staged.pop(key, None)
+
+    def _hooked(self, pipe: PipeRec) -> None:
+        if pipe.type == "webhook":
+            self.hooks.add(pipe.key)
+        else:
+            self.hooks.discard(pipe.key)
 
     def _link(self, join: JoinRec) -> None:
         feed, pipe = self.feeds.get(join.feed), self.pipes.get(join.pipe)

@@ -280,8 +280,7 @@ class Owners:
         """The webhook pipes this node may run (none without a listener)."""
         if self.engine._hook_listener is None:
             return []
-        pipes = self.engine.cache.pipes
-        return sorted(key for key, pipe in pipes.items() if pipe.type == "webhook")
+        return sorted(self.engine.cache.hooks)
 
     async def _own(
         self, names: list[str], slack: int = 0, overdue: set[str] | None = None

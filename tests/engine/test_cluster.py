@@ -17,10 +17,13 @@ from feeds.redis import RedisEngine
 from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
 from restms.specs import EmbeddedContent, MessageSpec
+from restms.webhook import WebhookOptions
 from tests.nodes import CLUSTER_URL
 
 from .conftest import SWEEP, forget_namespace
 from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, text, texts
+
+HOOK = WebhookOptions(callback="http://127.0.0.1:9/hook", secret="s" * 32)
 
 
 @pytest.fixture
@@ -168,10 +171,12 @@ async def test_a_node_started_later_counts_each_principals_resources_as_the_othe
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
     """A node that reads the whole catalogue at its start indexes each principal's pipes
-    and feeds as the nodes that saw them made one by one (quotas, listings)."""
+    and feeds, and the webhook pipes, as the nodes that saw them made one by one (quotas,
+    listings, the webhook pipes the nodes share out)."""
     first, second = nodes
     mine = [await new_pipe(first) for _ in range(3)]
     await new_pipe(second, owner="someone-else")
+    await new_pipe(second, "webhook", owner="someone-else", webhook=HOOK)
     await new_feed(second)
     await second.delete_pipe(ME, mine[1].key)
     late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
@@ -180,14 +185,15 @@ async def test_a_node_started_later_counts_each_principals_resources_as_the_othe
         for engine in (first, second, late):
             await eventually(lambda engine=engine: _settled(engine))
             assert await engine.owned(ME) == Owned(feeds=1, pipes=2, joins=2)
-            assert await engine.owned("someone-else") == Owned(feeds=0, pipes=1, joins=1)
+            assert await engine.owned("someone-else") == Owned(feeds=0, pipes=2, joins=2)
+            assert (await engine.stats()).census.webhook_pipes == 1
             assert {p.key for p in await engine.pipes(ME)} == {mine[0].key, mine[2].key}
     finally:
         await late.close()
 
 
 async def _settled(engine: RedisEngine) -> bool:
-    return len(engine.cache.pipes) == 3
+    return len(engine.cache.pipes) == 4
 
 
 async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
