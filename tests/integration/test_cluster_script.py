@@ -17,6 +17,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import redis as redis_py
+
 from tests.nodes import PORTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,6 +57,17 @@ def until(check: object, what: str, timeout: float = 30.0) -> None:
     while not check():
         assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
         time.sleep(0.2)
+
+
+def held(port: int, keys: list[str]) -> int:
+    """How many of ``keys`` (of one slot) the instance on ``port`` holds itself, a
+    replica included (0: another instance serves their slot)."""
+    with redis_py.Redis(host="127.0.0.1", port=port) as one:
+        one.execute_command("READONLY")
+        try:
+            return int(one.exists(*keys))
+        except redis_py.exceptions.MovedError:
+            return 0
 
 
 def up() -> None:
@@ -121,3 +134,26 @@ def test_down_stops_only_what_it_started_and_up_finds_the_same_cluster() -> None
     assert redis(6379, "PING") == own_redis
     up()
     assert node_ids() == ids  # the same nodes, from their cluster state files
+
+
+def test_up_returns_once_every_instance_has_its_data_loaded() -> None:
+    """After ``up`` every instance answers at once: none still loading its append-only
+    file, no replica still loading what its master sent it. 48 MiB in one slot make
+    the loading long enough to be seen."""
+    up()
+    keys = [f"{{cluster-script-loading}}:{i}" for i in range(48)]
+    client = redis_py.RedisCluster(host="127.0.0.1", port=PORTS[0])
+    try:
+        for key in keys:
+            client.set(key, b"x" * 2**20)
+        done = cluster("down")
+        assert done.returncode == 0, done.stderr
+        up()
+        sizes = {port: redis(port, "DBSIZE") for port in PORTS}
+        assert all(size.isdigit() for size in sizes.values()), sizes  # none "LOADING ..."
+        assert sorted(held(port, keys) for port in PORTS) == [0, 0, 0, 0, 48, 48]
+    finally:
+        cluster("up")  # (a failed check above may have left it settling)
+        client = redis_py.RedisCluster(host="127.0.0.1", port=PORTS[0])
+        client.delete(*keys)
+        client.close()
