@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,7 +66,7 @@ from bench.common import (
     start,
     stop_all,
 )
-from bench.run_all import GATEWAY_ENV
+from bench.run_all import GATEWAY_ENV, _stop_on_signal
 
 # The project's cluster (scripts/cluster), or one moved as the script moves it.
 CLUSTER_BASE = int(os.environ.get("RESTMS_CLUSTER_BASE_PORT", "7100"))
@@ -433,6 +434,9 @@ def main() -> int:
     unknown = sorted(set(chosen) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts: {', '.join(unknown)} (known: {', '.join(PARTS)})")
+    # Stopped, a part still forgets its namespace on the way out: its keys would stay.
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGHUP, _stop_on_signal)
     cluster_up()
     results: dict[str, Any] = {"machine": machine(), "started": datetime.now(UTC).isoformat()}
     try:
