@@ -40,7 +40,6 @@ import contextlib
 import json
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import tempfile
@@ -65,8 +64,9 @@ from bench.common import (
     median,
     start,
     stop_all,
+    stop_on_signals,
 )
-from bench.run_all import GATEWAY_ENV, _stop_on_signal
+from bench.run_all import GATEWAY_ENV
 
 # The project's cluster (scripts/cluster), or one moved as the script moves it.
 CLUSTER_BASE = int(os.environ.get("RESTMS_CLUSTER_BASE_PORT", "7100"))
@@ -434,9 +434,7 @@ def main() -> int:
     unknown = sorted(set(chosen) - set(PARTS))
     if unknown:
         parser.error(f"unknown parts: {', '.join(unknown)} (known: {', '.join(PARTS)})")
-    # Stopped, a part still forgets its namespace on the way out: its keys would stay.
-    signal.signal(signal.SIGTERM, _stop_on_signal)
-    signal.signal(signal.SIGHUP, _stop_on_signal)
+    stop_on_signals()  # a part stopped still forgets its namespace: its keys would stay
     cluster_up()
     results: dict[str, Any] = {"machine": machine(), "started": datetime.now(UTC).isoformat()}
     try:

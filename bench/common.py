@@ -289,6 +289,18 @@ def stop_all() -> None:
             server.stop()
 
 
+def stop_on_signals() -> None:
+    """SIGTERM or SIGHUP stops the servers started and exits through the finally blocks
+    that clean up (a namespace forgotten, a worktree removed)."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        stop_all()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGHUP, stop)
+
+
 class BenchError(RuntimeError):
     """A benchmark run that cannot give a figure (a peer or the gateway failed)."""
 

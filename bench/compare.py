@@ -27,7 +27,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,17 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bench import asynclets, latency, mirror, throughput
-from bench.common import RESULTS, ROOT, Server, log, machine, median, start, stop_all
+from bench.common import (
+    RESULTS,
+    ROOT,
+    Server,
+    log,
+    machine,
+    median,
+    start,
+    stop_all,
+    stop_on_signals,
+)
 from bench.run_all import GATEWAY_ENV
 
 SIDES = ("base", "current")
@@ -350,10 +359,6 @@ def worktree(commit: str) -> Iterator[Path]:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], check=False)
 
 
-def _stop_on_signal(signum: int, _frame: Any) -> None:
-    raise SystemExit(128 + signum)  # unwinds through the finally blocks that clean up
-
-
 def _jsonable(measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         {**m, "sample": {figure.name: value for figure, value in m["sample"].items()}}
@@ -383,8 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     base = _git("rev-parse", "--verify", f"{args.base}^{{commit}}")
     current = _git("rev-parse", "HEAD")
     dirty = bool(_git("status", "--porcelain", "--untracked-files=no"))
-    signal.signal(signal.SIGTERM, _stop_on_signal)
-    signal.signal(signal.SIGHUP, _stop_on_signal)
+    stop_on_signals()
     started = datetime.now(UTC)
     results: dict[str, Any] = {
         "started": started.isoformat(timespec="seconds"),

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import resource
-import signal
 import sys
 import time
 import traceback
@@ -51,7 +50,7 @@ from bench import (
     websocket_fanout,
     zeromq_bridge,
 )
-from bench.common import RESULTS, log, machine, median, start, stop_all
+from bench.common import RESULTS, log, machine, median, start, stop_all, stop_on_signals
 
 # Benchmarks 1-3 measure the publish path: pipes may grow without bound (in messages
 # and in bytes: at the default 64 MiB a batched run fills its pipe in a fraction of a
@@ -67,11 +66,6 @@ GATEWAY_ENV = {
     "RESTMS_MEMORY_BUDGET": "0",
     "RESTMS_RATE_LIMIT": "0",
 }
-
-
-def _stop_on_signal(signum: int, _frame: Any) -> None:
-    stop_all()
-    raise SystemExit(128 + signum)
 
 
 def _raise_nofile() -> None:
@@ -708,8 +702,7 @@ def main() -> int:
         args.analytics_rounds = 1
         args.cost_steps, args.cost_requests = 1_000, 5_000
         args.memory_cycles, args.memory_pipes = 3, min(args.memory_pipes, 2_000)
-    signal.signal(signal.SIGTERM, _stop_on_signal)
-    signal.signal(signal.SIGHUP, _stop_on_signal)
+    stop_on_signals()
     _raise_nofile()
     started = datetime.now(UTC)
     results: dict[str, Any] = {
