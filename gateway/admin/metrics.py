@@ -211,7 +211,7 @@ class Gauges(Collector):
             waiting.add_metric((kind,), held[kind])
         yield waiting
         closes = _labelled(CounterMetricFamily, "restms_websocket_closes", "code")
-        for code, count in sorted(app[CLOSES].codes.items()):
+        for code, count in sorted(app[CLOSES].items()):
             closes.add_metric((str(code),), count)
         yield closes
         if self.stats is not None:

@@ -52,6 +52,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -264,20 +265,9 @@ class Frames:
 FRAMES = web.AppKey("websocket_frames", Frames)
 
 
-class Closes:
-    """How many sockets the gateway itself closed, by close code: a 1011 is a fault
-    the log holds the trace of (``restms_websocket_closes``, docs/METRICS.md)."""
-
-    __slots__ = ("codes",)
-
-    def __init__(self) -> None:
-        self.codes: dict[int, int] = {}
-
-    def count(self, code: int) -> None:
-        self.codes[code] = self.codes.get(code, 0) + 1
-
-
-CLOSES = web.AppKey("websocket_closes", Closes)
+# How many sockets the gateway itself closed, by close code: a 1011 is a fault the log
+# holds the trace of (``restms_websocket_closes``, docs/METRICS.md).
+CLOSES: web.AppKey[Counter[int]] = web.AppKey("websocket_closes")
 
 
 # ---------------------------------------------------------------- the handler
@@ -448,7 +438,7 @@ class Session:
         if self.end is not None:
             return
         self.end = end
-        self.request.app[CLOSES].count(end.code)
+        self.request.app[CLOSES][end.code] += 1
         with contextlib.suppress(ConnectionError):
             await self.ws.send_frame(end_frame(end), WSMsgType.TEXT)
         await self.ws.close(code=end.code, message=end.reason.encode()[:123])
@@ -528,7 +518,6 @@ __all__ = [
     "CLOSES",
     "FRAMES",
     "PROTOCOL",
-    "Closes",
     "End",
     "Frames",
     "Session",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from gateway.auth.authn import AUTH, Authenticator
 from gateway.auth.startup import auth_context
 from gateway.restms import resources
 from gateway.restms.idempotency import RedisReplies, Replies, ReplyStore
-from gateway.restms.websocket import CLOSES, FRAMES, Closes, Frames
+from gateway.restms.websocket import CLOSES, FRAMES, Frames
 from gateway.server import cors, middleware, proxies, readiness, tracing
 from gateway.server.config import Config
 from gateway.server.keys import CONFIG, REPLIES, SERVICE
@@ -64,7 +65,7 @@ def build_app(
     app[BRIDGES] = make_registry(app)
     app[HOOKS] = Webhooks(app)
     app[FRAMES] = Frames()  # WebSocket message frames (docs/BROWSER.md)
-    app[CLOSES] = Closes()
+    app[CLOSES] = Counter()
     for kind in ("domain", "feed", "resource"):
         app.router.add_route("*", f"/restms/{kind}/{{name}}", resources.handler(kind), name=kind)
     app.router.add_route("*", "/restms/{tail:.*}", resources.unknown)
