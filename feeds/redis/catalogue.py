@@ -236,11 +236,9 @@ class Cache:
         data = loads(value)
         if kind in ("f", "p"):
             known: FeedRec | PipeRec | None = (self.feeds if kind == "f" else self.pipes).get(key)
-            if known is not None:  # changed: its joins stay
+            if known is not None:  # changed: its joins stay, its type and owner never change
                 for attribute, item in data.items():
                     setattr(known, attribute, item)
-                if isinstance(known, PipeRec):
-                    self._hooked(known)
                 return
         if kind == "f":
             feed = self.feeds[key] = FeedRec(**data)
@@ -249,7 +247,8 @@ class Cache:
         elif kind == "p":
             pipe = self.pipes[key] = PipeRec(**data)
             self.pipes_of.setdefault(pipe.owner, {})[key] = None
-            self._hooked(pipe)
+            if pipe.type == "webhook":
+                self.hooks.add(key)
         elif kind == "j":
             data["headers"] = tuple(tuple(h) for h in data["headers"])
             self._forget(kind, key)
@@ -278,12 +277,6 @@ class Cache:
                 self._unlink(known)
         elif kind == "s":
             self.staged.pop(key, None)
-
-    def _hooked(self, pipe: PipeRec) -> None:
-        if pipe.type == "webhook":
-            self.hooks.add(pipe.key)
-        else:
-            self.hooks.discard(pipe.key)
 
     def _link(self, join: JoinRec) -> None:
         feed, pipe = self.feeds.get(join.feed), self.pipes.get(join.pipe)
@@ -323,6 +316,7 @@ class Cache:
         return feed
 
     def pipes_owned(self, owner: str) -> list[PipeRec]:
+        """``owner``'s pipes, in the order this cache learned of them."""
         return [self.pipes[key] for key in self.pipes_of.get(owner, ())]
 
     def feeds_owned(self, owner: str) -> int:

@@ -81,10 +81,10 @@ def news(engine: RedisEngine, reply: list[Any]) -> None:
         return
     items = [(reply[i].decode(), reply[i + 1] or None) for i in range(2, len(reply) - 1, 2)]
     full = reply[1] == b"full"
+    # A delta names the pipes it deleted; only a full reload must look for the gone.
     before = set(engine.cache.pipes) if full else set()
     engine.cache.load(version, items, full=full)
-    # A delta names the pipes it deleted; only a full reload must look for the gone.
-    changed(engine, items, before.difference(engine.cache.pipes) if full else set())
+    changed(engine, items, before.difference(engine.cache.pipes))
 
 
 def changed(engine: RedisEngine, fields: Fields, gone: set[str]) -> None:
