@@ -15,17 +15,20 @@ order (ABBA), because the machine is shared and its load drifts:
   the Redis engine), ms from the publish written to the asynclet's reply read (the
   latency benchmark's method); baseline: publish and wait on one embedded gateway.
 - ``pipes``: the cluster's memory (``used_memory`` summed over the masters) for N
-  empty pipes, made through the engine service in this process; bytes a pipe.
+  empty pipes, made through the engine service in this process; bytes a pipe. Then,
+  each round, another node's engine starting on that catalogue (bench/node_start.py,
+  a process of its own): how long it takes and the longest its event loop stalled,
+  at its start and when, running, it reads the whole catalogue again.
 - ``workers``: ``serve --workers 2`` against ``--workers 1`` on the Redis engine:
   total msg/s (single publish) and msg per gateway CPU-second (all workers' CPU).
   wrk, the gateways and Redis share the machine's cores, so on two cores the
   efficiency per CPU-second is the figure to watch; on more cores the same run shows
   the total scaling.
 
-With ``--base COMMIT``, ``engines`` and ``cross_node`` also run the Redis engine's
-gateways of that commit (a git worktree, as :mod:`bench.compare` makes) in the same
-rounds, the sides' order turning each round, and report current/base ratios: a change
-is measured against what it changes in one run.
+With ``--base COMMIT``, ``engines``, ``cross_node`` and ``pipes`` (its node starts)
+also run the Redis engine of that commit (a git worktree, as :mod:`bench.compare`
+makes) in the same rounds, the sides' order turning each round, and report
+current/base ratios: a change is measured against what it changes in one run.
 
 Needs the project's cluster (``scripts/cluster up``: it is started if it is not up).
 Each gateway runs on a namespace of its own, deleted afterwards. The raw samples go to
@@ -321,19 +324,61 @@ async def _make_pipes(namespace: str, count: int) -> float:
     return time.monotonic() - started
 
 
+def _node_start(root: Path, namespace: str) -> dict[str, Any]:
+    """A node of ``root``'s engine started on ``namespace`` (bench/node_start.py)."""
+    script = ROOT / "bench" / "node_start.py"
+    command = [sys.executable, str(script), "--root", str(root), "--url", CLUSTER_URL]
+    done = subprocess.run(
+        [*command, "--namespace", namespace],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    )
+    result: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    return result
+
+
 def pipes(args: argparse.Namespace) -> dict[str, Any]:
+    with base_root(args) as base:
+        return _pipes(args, base)
+
+
+def _pipes(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     namespace = f"bench-{secrets.token_hex(4)}"
+    roots = {"current": ROOT} | ({"base": base} if base is not None else {})
+    starts: dict[str, list[dict[str, Any]]] = {side: [] for side in roots}
     try:
         before = uvloop.run(_used_memory())
         took = uvloop.run(_make_pipes(namespace, args.pipes))
         after = uvloop.run(_used_memory())
+        for round_no in range(args.rounds):
+            for side in turned(list(roots), round_no):
+                started = _node_start(roots[side], namespace)
+                starts[side].append(started)
+                log(
+                    f"  round {round_no + 1}/{args.rounds} {side:8s} ({started['pipes']} "
+                    f"pipes) start {started['seconds']:.2f} s, longest stall "
+                    f"{started['longest_stall_ms']:.1f} ms; read again "
+                    f"{started['reload_seconds']:.2f} s, longest stall "
+                    f"{started['reload_longest_stall_ms']:.1f} ms"
+                )
     finally:
         uvloop.run(forget(namespace))
     per_pipe = (after - before) / args.pipes
     log(f"  {args.pipes} pipes: {after - before} bytes, {per_pipe:.0f} bytes a pipe, {took:.1f} s")
+    summary: dict[str, Any] = {"pipes": args.pipes, "bytes_per_pipe": per_pipe, "seconds": took}
+    for figure in ("seconds", "longest_stall_ms", "reload_seconds", "reload_longest_stall_ms"):
+        medians = {side: median([r[figure] for r in rs]) for side, rs in starts.items()}
+        summary[f"node_{figure}"] = medians
+        if base is not None:
+            summary[f"node_{figure}_ratio_current_to_base"] = ratio(
+                medians["current"], medians["base"]
+            )
     return {
-        "summary": {"pipes": args.pipes, "bytes_per_pipe": per_pipe, "seconds": took},
+        "summary": summary,
         "used_memory": {"before": before, "after": after},
+        "node_starts": starts,
     }
 
 
@@ -427,7 +472,8 @@ def main() -> int:
     parser.add_argument("--latency-count", type=int, default=500, help="samples per round")
     parser.add_argument("--pipes", type=int, default=100_000)
     parser.add_argument(
-        "--base", help="a commit whose Redis engine runs beside this one (engines, cross_node)"
+        "--base",
+        help="a commit whose Redis engine runs beside this one (engines, cross_node, pipes)",
     )
     args = parser.parse_args()
     chosen = [part.strip() for part in args.only.split(",") if part.strip()]

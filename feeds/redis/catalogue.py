@@ -146,6 +146,20 @@ class Keys:
         return f"{{{self.ns}:f:{feed}}}:d:{message_id}"
 
 
+# What a cache holds of the catalogue, indexes included (Cache.swap).
+_CONTENTS = (
+    "version",
+    "domains",
+    "feeds",
+    "pipes",
+    "joins",
+    "staged",
+    "pipes_of",
+    "feeds_of",
+    "hooks",
+)
+
+
 class Cache:
     """The catalogue as this engine last read it, indexed for routing."""
 
@@ -209,20 +223,23 @@ class Cache:
         self.pipes_of, self.feeds_of, self.hooks = {}, {}, set()
 
     # ------------------------------------------------------------ news from the store
-    def load(self, version: int, items: Iterable[tuple[str, bytes | None]], full: bool) -> set[str]:
-        """Apply what the catalogue holds now (``full``: all of it); the fields that
-        changed."""
-        if full:
-            self.reset()
-        changed: set[str] = set()
+    def load(self, version: int, items: Iterable[tuple[str, bytes | None]]) -> None:
+        """Apply fields as the catalogue holds them now (``None``: gone), at ``version``."""
         pending = sorted(items, key=lambda item: "fpjsd".find(item[0][:1]))  # joins after both ends
         for name, value in pending:
             if name == "v" or ":" not in name:
                 continue
-            changed.add(name)
             self.apply(name, value)
         self.version = version
-        return changed
+
+    def swap(self, other: Cache) -> None:
+        """Hold what ``other`` holds (the catalogue read whole), in one step, and leave
+        ``other`` holding what this held: whoever keeps this cache (the system feed's
+        view) sees the new, and the old can be let go a piece at a time."""
+        for name in _CONTENTS:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(self, name, theirs)
+            setattr(other, name, mine)
 
     def apply(self, name: str, value: bytes | None) -> None:
         kind, _, key = name.partition(":")

@@ -1,4 +1,4 @@
-#!lua name=restms_v7
+#!lua name=restms_v8
 -- The RestMS engine's server-side functions (feeds/redis, docs/CLUSTER.md). Each call
 -- touches keys of one hash slot only, so each is atomic on the master of that slot.
 --
@@ -47,7 +47,8 @@ end
 
 -- ARGV: the version the caller holds. Returns {version} when it is current, {version,
 -- "delta", field, value ("": gone), ...} with every field changed since, or {version,
--- "full", field, value, ...} when the log no longer reaches back that far.
+-- "full"} when the log no longer reaches back that far: the caller then reads the hash
+-- in pieces (HSCAN), so that a large catalogue never holds the master in one call.
 local function cat_since(keys, args)
   local cat, log = keys[1], keys[2]
   local v = num(redis.call('HGET', cat, 'v'))
@@ -73,11 +74,7 @@ local function cat_since(keys, args)
       return out
     end
   end
-  local out = {v, 'full'}
-  for _, item in ipairs(redis.call('HGETALL', cat)) do
-    out[#out + 1] = item
-  end
-  return out
+  return {v, 'full'}
 end
 
 -- ---------------------------------------------------------------- pipes
@@ -640,18 +637,18 @@ local function hook_save(keys, args)
   return 1
 end
 
-redis.register_function('restms_v7_cat_change', cat_change)
-redis.register_function{function_name = 'restms_v7_cat_since', callback = cat_since,
+redis.register_function('restms_v8_cat_change', cat_change)
+redis.register_function{function_name = 'restms_v8_cat_since', callback = cat_since,
   flags = {'no-writes'}}
-redis.register_function('restms_v7_place', place)
-redis.register_function{function_name = 'restms_v7_room', callback = room,
+redis.register_function('restms_v8_place', place)
+redis.register_function{function_name = 'restms_v8_room', callback = room,
   flags = {'no-writes'}}
-redis.register_function('restms_v7_range', range)
-redis.register_function('restms_v7_ack', ack)
-redis.register_function('restms_v7_take_out', take_out)
-redis.register_function('restms_v7_settle', settle)
-redis.register_function('restms_v7_delete_content', delete_content)
-redis.register_function('restms_v7_sweep', sweep)
-redis.register_function('restms_v7_own', own)
-redis.register_function('restms_v7_disown', disown)
-redis.register_function('restms_v7_hook_save', hook_save)
+redis.register_function('restms_v8_range', range)
+redis.register_function('restms_v8_ack', ack)
+redis.register_function('restms_v8_take_out', take_out)
+redis.register_function('restms_v8_settle', settle)
+redis.register_function('restms_v8_delete_content', delete_content)
+redis.register_function('restms_v8_sweep', sweep)
+redis.register_function('restms_v8_own', own)
+redis.register_function('restms_v8_disown', disown)
+redis.register_function('restms_v8_hook_save', hook_save)

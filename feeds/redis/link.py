@@ -34,7 +34,7 @@ from restms.errors import NotCommitted, ServiceUnavailable
 from .wire import Wire, pack
 
 log = logging.getLogger(__name__)
-LIBRARY = "restms_v7"  # the name library.lua declares: bump both together
+LIBRARY = "restms_v8"  # the name library.lua declares: bump both together
 FUNCTIONS = LIBRARY + "_"  # the prefix of every function the library registers
 # Errors after which the command surely did not run: asked again once the slot map is
 # read again.

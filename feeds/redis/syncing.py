@@ -1,9 +1,11 @@
 """The Redis engine's cached catalogue kept in step with the cluster's (docs/CLUSTER.md,
 "Caching and freshness"): the news read when the catalogue's channel announces a
-version, when a key asked for is missing and before each publish (:func:`fresh`);
-a change made against the version it was decided on (:func:`change`); the readers
-of what changed woken. And the look-ups of records by key, another principal's
-being 404 (:func:`pipe`, :func:`feed`, :func:`join`, :func:`staged`)."""
+version, when a key asked for is missing and before each publish (:func:`fresh`), or
+the whole catalogue read a piece at a time when the news no longer reach back
+(:func:`reload`); a change made against the version it was decided on
+(:func:`change`); the readers of what changed woken. And the look-ups of records by
+key, another principal's being 404 (:func:`pipe`, :func:`feed`, :func:`join`,
+:func:`staged`)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from restms.errors import NotFound, ServiceUnavailable
 
 from ..service import HIDDEN
 from . import waiting
-from .catalogue import FeedRec, JoinRec, PipeRec, StagedRec
+from .catalogue import Cache, FeedRec, JoinRec, PipeRec, StagedRec
 from .link import FUNCTIONS
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+PIECE = 1000  # catalogue fields a reload reads in one call and takes in one turn of the loop
+RELOADS = 5  # whole reads tried (the catalogue changing faster than its log keeps, failovers)
 Fields = list[tuple[str, bytes | None]]
 
 
@@ -62,37 +66,108 @@ def lost(engine: RedisEngine) -> None:
 async def sync(engine: RedisEngine) -> None:
     """Read the catalogue's news since the version cached."""
     async with engine._syncing:
-        keys = engine.keys
-        reply = await engine.link.call(
-            keys.cat,
-            "FCALL",
-            FUNCTIONS + "cat_since",
-            2,
-            keys.cat,
-            keys.log,
-            engine.cache.version,
-        )
-        news(engine, reply)
+        reply = await _since(engine, engine.cache.version)
+        if reply[1:2] == [b"full"]:
+            await reload(engine, int(reply[0]))
+        else:
+            news(engine, reply)
+
+
+async def _since(engine: RedisEngine, version: int) -> list[Any]:
+    keys = engine.keys
+    reply: list[Any] = await engine.link.call(
+        keys.cat, "FCALL", FUNCTIONS + "cat_since", 2, keys.cat, keys.log, version
+    )
+    return reply
 
 
 def news(engine: RedisEngine, reply: list[Any]) -> None:
     version = int(reply[0])
-    if len(reply) == 1 or (version <= engine.cache.version and reply[1] != b"full"):
+    if len(reply) == 1 or version <= engine.cache.version:
         return
-    items = [(reply[i].decode(), reply[i + 1] or None) for i in range(2, len(reply) - 1, 2)]
-    full = reply[1] == b"full"
-    # A delta names the pipes it deleted; only a full reload must look for the gone.
-    before = set(engine.cache.pipes) if full else set()
-    engine.cache.load(version, items, full=full)
-    changed(engine, items, before.difference(engine.cache.pipes))
+    items = _fields(reply[2:])
+    engine.cache.load(version, items)
+    changed(engine, _pipes(items))
 
 
-def changed(engine: RedisEngine, fields: Fields, gone: set[str]) -> None:
-    """After the cache took a change: the readers of each pipe it changed or
-    deleted (``gone``: pipes a full reload no longer has) and the evented GETs on
-    the catalogue look again. In proportion to the change, not to the pipes known:
-    a change costs the same at 100,000 pipes as at 100."""
-    for pipe in gone | {name[2:] for name, _ in fields if name.startswith("p:")}:
+def _fields(flat: list[Any]) -> Fields:
+    return [(flat[i].decode(), flat[i + 1] or None) for i in range(0, len(flat) - 1, 2)]
+
+
+def _pipes(fields: Fields) -> list[str]:
+    """The pipes that fields of the catalogue name."""
+    return [name[2:] for name, _ in fields if name.startswith("p:")]
+
+
+async def reload(engine: RedisEngine, version: int) -> None:
+    """Read the whole catalogue (at the start, or when the log no longer reaches back
+    to the version cached) into a new cache, a piece at a time (:func:`_read`), take
+    the news since ``version`` (the catalogue's when the read began), then swap it in:
+    a catalogue of 100,000 pipes holds neither the master nor this node's loop for its
+    whole read."""
+    for _ in range(RELOADS):
+        cache = await _read(engine, version)
+        if cache is None:  # read from two servers: a failover or a restart meanwhile
+            continue
+        reply = await _since(engine, version)
+        if reply[1:2] == [b"full"]:  # more changed meanwhile than the log keeps: again
+            version = int(reply[0])
+            continue
+        if len(reply) > 1:
+            cache.load(int(reply[0]), _fields(reply[2:]))
+        engine.cache.swap(cache)
+        changed(engine, list(engine._waiters))  # anything may have changed: all look
+        await _let_go(cache)
+        return
+    raise ServiceUnavailable("the catalogue changes too fast to be read whole now; retry")
+
+
+async def _read(engine: RedisEngine, version: int) -> Cache | None:
+    """The catalogue as ``HSCAN`` reads it, ``PIECE`` fields a call and a turn of the
+    event loop, the joins linked last (a join may come before its pipe or feed); None
+    when the pieces came from more than one server (by its run id): a cursor means
+    nothing to another server, or to the same one restarted, and the read would miss
+    fields."""
+    keys = engine.keys
+    cache = Cache(engine.config)
+    joins: Fields = []
+    cursor, server = 0, None
+    while True:
+        (cursor, found), info = await engine.link.batch(
+            keys.cat,
+            [("HSCAN", keys.cat, cursor, "COUNT", PIECE), ("INFO", "server")],
+            write=False,
+        )
+        if server not in (None, info["run_id"]):
+            return None
+        server = info["run_id"]
+        items = [(name.decode(), value) for name, value in found.items()]
+        joins += [item for item in items if item[0].startswith("j:")]
+        cache.load(version, [item for item in items if not item[0].startswith("j:")])
+        if cursor == 0:
+            break
+    for start in range(0, len(joins), PIECE):
+        if start:
+            await asyncio.sleep(0)
+        cache.load(version, joins[start : start + PIECE])
+    return cache
+
+
+async def _let_go(old: Cache) -> None:
+    """Free what a cache held a piece at a time: 100,000 pipes' records freed at once
+    would hold the loop as their reading would have."""
+    for table in (old.joins, old.pipes, old.feeds, old.staged):
+        while table:
+            for _ in range(min(PIECE, len(table))):
+                table.popitem()
+            await asyncio.sleep(0)
+
+
+def changed(engine: RedisEngine, pipes: list[str]) -> None:
+    """After the cache took a change: the readers of each of ``pipes`` (changed or
+    deleted) and the evented GETs on the catalogue look again. In proportion to the
+    change, not to the pipes known: a change costs the same at 100,000 pipes as at 100."""
+    for pipe in pipes:
         waiting.wake(engine, pipe)
     watching, engine._watching_catalogue = engine._watching_catalogue, set()
     for future in watching:
@@ -133,8 +208,8 @@ async def change(
         )
         if made:
             if version == engine.cache.version + 1:
-                engine.cache.load(version, fields, full=False)
-                changed(engine, fields, set())
+                engine.cache.load(version, fields)
+                changed(engine, _pipes(fields))
             elif version > engine.cache.version:
                 await sync(engine)
             return answer

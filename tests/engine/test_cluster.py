@@ -11,14 +11,17 @@ from typing import Any
 
 import pytest
 from blockbuster import BlockBuster
+from redis.asyncio import Redis
 
 from feeds.config import EngineConfig
-from feeds.redis import RedisEngine
+from feeds.redis import RedisEngine, syncing
+from feeds.redis.catalogue import Cache
 from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
 from restms.specs import EmbeddedContent, MessageSpec
 from restms.webhook import WebhookOptions
-from tests.nodes import CLUSTER_URL
+from tests.cluster_state import master_port, role, whole
+from tests.nodes import CLUSTER_URL, DRIVER
 
 from .conftest import SWEEP, forget_namespace
 from .helpers import ME, eventually, join, msg, new_feed, new_pipe, publish, text, texts
@@ -196,6 +199,141 @@ async def _settled(engine: RedisEngine) -> bool:
     return len(engine.cache.pipes) == 4
 
 
+def _catalogue(cache: Cache) -> tuple[Any, ...]:
+    """What a node's cache holds, as every node's should once the news is in."""
+    return (
+        cache.version,
+        {key: set(feed.joins) for key, feed in cache.feeds.items()},
+        {key: set(pipe.joins) for key, pipe in cache.pipes.items()},
+        set(cache.joins),
+        {owner: set(keys) for owner, keys in cache.pipes_of.items()},
+    )
+
+
+async def test_a_node_reads_the_whole_catalogue_a_piece_at_a_time(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node reading the whole catalogue (at its start, or when it fell further behind
+    than the log of changes reaches) takes it a piece at a time, the event loop turning
+    between the pieces; a join read before its pipe or feed is linked all the same."""
+    first, _ = nodes
+    monkeypatch.setattr(syncing, "PIECE", 25)
+    feeds = [await new_feed(first, f"f{i}", "fanout") for i in range(5)]
+    pipes = await asyncio.gather(*(new_pipe(first) for _ in range(150)))
+    for i, pipe in enumerate(pipes[:50]):
+        await join(first, pipe, feeds[i % 5])
+    taken, most, started = 0, 0, False
+    apply = Cache.apply
+
+    def counted(cache: Cache, name: str, value: bytes | None) -> None:
+        nonlocal taken, most
+        taken += 1
+        most = max(most, taken)
+        apply(cache, name, value)
+
+    async def turns() -> None:  # how many fields were taken between two turns of the loop
+        nonlocal taken
+        while not started:
+            taken = 0
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(Cache, "apply", counted)
+    turning = asyncio.create_task(turns())
+    late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
+    try:
+        await late.start()
+        started = True
+        await turning
+        assert len(late.cache.pipes) == 150
+        assert len(late.cache.joins) == 200
+        assert 0 < most <= 2 * 25  # (HSCAN's COUNT is a hint: a piece may be a little over)
+        assert _catalogue(late.cache) == _catalogue(first.cache)
+    finally:
+        await late.close()
+
+
+async def test_what_changes_while_a_node_reads_the_catalogue_is_in_its_cache(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read of the whole catalogue is no snapshot: what another node changes once
+    the pieces are read (pipes made and joined, pipes deleted that the read still had)
+    is in the cache the node takes, as the news since the version the read began at."""
+    first, second = nodes
+    monkeypatch.setattr(syncing, "PIECE", 10)
+    feed = await new_feed(first, "busy", "fanout")
+    old = await asyncio.gather(*(new_pipe(first) for _ in range(30)))
+    late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
+    read, changed = asyncio.Event(), asyncio.Event()
+    sent, asked = late.link.call, 0
+
+    async def held(*command: Any, **options: Any) -> Any:
+        nonlocal asked
+        if command[1] == "FCALL" and str(command[2]).endswith("cat_since"):
+            asked += 1
+            if asked == 2:  # the news after the pieces (the first: before the read)
+                read.set()
+                await asyncio.wait_for(changed.wait(), 30)
+        return await sent(*command, **options)
+
+    taken: list[tuple[Any, ...]] = []
+    swap = Cache.swap
+
+    def kept(cache: Cache, other: Cache) -> None:
+        taken.append(_catalogue(other))
+        swap(cache, other)
+
+    monkeypatch.setattr(late.link, "call", held)
+    monkeypatch.setattr(Cache, "swap", kept)
+    starting = asyncio.create_task(late.start())
+    await asyncio.wait_for(read.wait(), 30)
+    for pipe in old[:10]:
+        made = await new_pipe(second)
+        await join(second, made, feed)
+        await second.delete_pipe(ME, pipe.key)
+    expected = _catalogue(second.cache)
+    changed.set()
+    try:
+        await starting
+        assert taken == [expected]
+        assert len(late.cache.pipes) == 30
+        assert len(late.cache.feeds["busy"].joins) == 10
+    finally:
+        await late.close()
+
+
+async def test_a_node_reads_the_catalogue_again_when_more_changed_meanwhile_than_the_log_keeps(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When more changes came during the read than the catalogue's log keeps (about
+    10,000), the news since its beginning are no longer there: the node reads it all
+    again, and has every change."""
+    first, _ = nodes
+    late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
+    passes, churned = 0, asyncio.Event()
+    sent = late.link.batch
+
+    async def held(key: str, commands: list[Any], **options: Any) -> Any:
+        nonlocal passes
+        if commands[0][0] == "HSCAN" and commands[0][2] == 0:
+            passes += 1
+            if passes == 1:
+                await asyncio.wait_for(churned.wait(), 60)
+        return await sent(key, commands, **options)
+
+    monkeypatch.setattr(late.link, "batch", held)
+    starting = asyncio.create_task(late.start())
+    for _ in range(10_500 // 25):
+        await asyncio.gather(*(new_pipe(first) for _ in range(25)))
+    churned.set()
+    try:
+        await starting
+        assert passes == 2
+        assert len(late.cache.pipes) == 10_500
+        assert _catalogue(late.cache) == _catalogue(first.cache)
+    finally:
+        await late.close()
+
+
 async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
     nodes: tuple[RedisEngine, RedisEngine],
 ) -> None:
@@ -265,3 +403,51 @@ async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     assert await texts(first, pipe) == ["kept"]
     await withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
     assert await texts(first, pipe) == []
+
+
+async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An ``HSCAN`` cursor means nothing to another server: when the catalogue's master
+    fails over while a node reads the whole catalogue, the node reads it all again from
+    the new master, and misses nothing (the cursor carried over would have skipped
+    fields)."""
+    first, _ = nodes
+    monkeypatch.setattr(syncing, "PIECE", 25)
+    await asyncio.gather(*(new_pipe(first) for _ in range(150)))
+    late = RedisEngine.open(EngineConfig(), CLUSTER_URL, namespace=first.keys.ns)
+    pieces, passes = 0, 0
+    reading, failed_over = asyncio.Event(), asyncio.Event()
+    sent = late.link.batch
+
+    async def held(key: str, commands: list[Any], **options: Any) -> Any:
+        nonlocal pieces, passes
+        if commands[0][0] == "HSCAN":
+            passes += commands[0][2] == 0
+            pieces += 1
+            if pieces == 2:  # a piece read from the master about to step down
+                reading.set()
+                await asyncio.wait_for(failed_over.wait(), 30)
+        return await sent(key, commands, **options)
+
+    monkeypatch.setattr(late.link, "batch", held)
+    starting = asyncio.create_task(late.start())
+    try:
+        await asyncio.wait_for(reading.wait(), 30)
+        master = await master_port(first.keys.cat)
+        replica = int((await role(master))[2][0][1])
+        async with Redis(host="127.0.0.1", port=replica, driver_info=DRIVER) as instance:
+            await instance.execute_command("CLUSTER", "FAILOVER")
+        for _ in range(100):  # until the old master knows it too (bounded: 10 s)
+            if (await role(master))[0] == b"slave":
+                break
+            await asyncio.sleep(0.1)
+        assert (await role(replica))[0] == b"master"
+        failed_over.set()
+        await asyncio.wait_for(starting, 30)
+        assert _catalogue(late.cache) == _catalogue(first.cache)
+        assert passes == 2
+    finally:
+        failed_over.set()
+        await late.close()
+        await eventually(whole, timeout=30.0)  # the old master a replica in step again
