@@ -157,6 +157,7 @@ _CONTENTS = (
     "pipes_of",
     "feeds_of",
     "hooks",
+    "by_bucket",
 )
 
 
@@ -176,6 +177,8 @@ class Cache:
         self.pipes_of: dict[str, dict[str, None]] = {}
         self.feeds_of: dict[str, dict[str, None]] = {}
         self.hooks: set[str] = set()  # the webhook pipes, which the owners' rounds share out
+        # Each bucket's pipes, so that the look for idle ones goes a bucket at a time.
+        self.by_bucket: list[dict[str, None]] = []
         self.configured = self._configured()
         self.reset()
 
@@ -221,6 +224,7 @@ class Cache:
         }
         self.pipes, self.joins, self.staged = {}, {}, {}
         self.pipes_of, self.feeds_of, self.hooks = {}, {}, set()
+        self.by_bucket = [{} for _ in range(BUCKETS)]
 
     # ------------------------------------------------------------ news from the store
     def load(self, version: int, items: Iterable[tuple[str, bytes | None]]) -> None:
@@ -264,6 +268,7 @@ class Cache:
         elif kind == "p":
             pipe = self.pipes[key] = PipeRec(**data)
             self.pipes_of.setdefault(pipe.owner, {})[key] = None
+            self.by_bucket[bucket(key)][key] = None
             if pipe.type == "webhook":
                 self.hooks.add(key)
         elif kind == "j":
@@ -286,6 +291,7 @@ class Cache:
             if pipe is not None:
                 _disown(self.pipes_of, pipe.owner, key)
                 self.hooks.discard(key)
+                self.by_bucket[bucket(key)].pop(key, None)
                 for join in list(pipe.joins.values()):
                     self._unlink(join)
         elif kind == "j":

@@ -16,7 +16,7 @@ from restms.errors import ServiceUnavailable
 from ..routing import QUEUEING_TYPES
 from ..store import loads
 from . import mirror, resources, syncing, waiting
-from .catalogue import BUCKETS, bucket
+from .catalogue import BUCKETS
 from .link import FUNCTIONS
 from .publishing import dead_letter
 from .queueing import hand_over
@@ -55,7 +55,7 @@ async def sweeper(engine: RedisEngine) -> None:
             # not every second: a pipe is collected within a tenth of its timeout.
             if time.monotonic() >= idle_due:
                 idle_due = time.monotonic() + idle_every
-                await collect_idle(engine)
+                await collect_idle(engine, idle_every)
         except ServiceUnavailable as exc:
             log.warning("sweep failed: %s", exc.reason)
 
@@ -97,27 +97,36 @@ async def sweep(engine: RedisEngine, index: int) -> None:
             await hand_over(engine, source, found, moved, times)
 
 
-async def collect_idle(engine: RedisEngine) -> None:
+async def collect_idle(engine: RedisEngine, every: float) -> None:
     """Q1: pipes nobody used for ``pipe_idle_timeout`` go; a pipe a cursor of this
-    engine holds open is used now (its reader makes no requests)."""
+    engine holds open is used now (its reader makes no requests). Every engine marks
+    those it holds; the pipes of a bucket are looked at by one engine a round (``every``
+    seconds), whichever takes the bucket's ``idle`` lock first (it lasts nine tenths of
+    a round): each pipe's last use is read once a round for all the engines, and an
+    idle pipe is collected once."""
     timeout = engine.config.pipe_idle_timeout
     if timeout <= 0:
         return
     now = int(time.time() * 1000)
     held = {c.pipe for c in engine._cursors if c.ended is None}
-    by_tag: dict[str, list[str]] = defaultdict(list)
-    for key in engine.cache.pipes:
-        by_tag[engine.keys.tag(bucket(key))].append(key)
-    for tag, here in by_tag.items():
-        commands: list[tuple[Any, ...]] = []
-        for key in here:
-            state = engine.keys.pipe(key)[1]
-            if key in held:
-                commands.append(("HSET", state, "at", now))
-            else:
-                commands.append(("HGET", state, "at"))
-        replies = await engine.link.batch(tag, commands, write=True)
-        for key, at in zip(here, replies, strict=True):
+    by_tag: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+    for key in held:
+        _stream, state, tag = engine.keys.pipe(key)
+        by_tag[tag].append(("HSET", state, "at", now))
+    for tag, commands in by_tag.items():
+        await engine.link.batch(tag, commands, write=True)
+    lock_ms = max(1, int(every * 900))
+    for index, pipes in enumerate(engine.cache.by_bucket):
+        tag = engine.keys.tag(index)
+        if not pipes or not await engine.link.call(
+            tag, "SET", f"{tag}:idle", engine.link.origin, "NX", "PX", lock_ms, write=True
+        ):
+            continue
+        here = list(pipes)
+        last = await engine.link.batch(
+            tag, [("HGET", engine.keys.pipe(key)[1], "at") for key in here], write=False
+        )
+        for key, at in zip(here, last, strict=True):
             if key not in held and now - int(at or 0) > timeout * 1000:
                 await resources.drop_pipe(engine, key)
                 engine.counters.collected += 1

@@ -14,7 +14,7 @@ from blockbuster import BlockBuster
 from redis.asyncio import Redis
 
 from feeds.config import EngineConfig
-from feeds.redis import RedisEngine, syncing
+from feeds.redis import RedisEngine, syncing, upkeep
 from feeds.redis.catalogue import Cache
 from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
@@ -403,6 +403,70 @@ async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     assert await texts(first, pipe) == ["kept"]
     await withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
     assert await texts(first, pipe) == []
+
+
+async def test_idle_pipes_are_looked_at_once_a_round_across_nodes_and_collected_once(
+    blockbuster: BlockBuster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Q1 on several nodes: the pipes of a bucket are looked at by one node a round, so
+    each pipe's last use is read about once a round for the two nodes, not once by
+    each, and an idle pipe is collected once; a pipe a cursor holds open on one node is
+    not collected by the other."""
+    namespace = f"restms-test-{secrets.token_hex(6)}"
+    config = EngineConfig(pipe_idle_timeout=2.0)  # a round: every 0.2 s
+    made = [
+        RedisEngine.open(config, CLUSTER_URL, namespace=namespace, sweep_interval=SWEEP)
+        for _ in range(2)
+    ]
+    looks, rounds = [0, 0], [0, 0]
+    for index, engine in enumerate(made):
+        batch = engine.link.batch
+
+        async def counted(
+            key: str, commands: Any, *, index: int = index, batch: Any = batch, **options: Any
+        ) -> Any:
+            looks[index] += sum(1 for c in commands if c[0] == "HGET" and c[-1] == "at")
+            return await batch(key, commands, **options)
+
+        monkeypatch.setattr(engine.link, "batch", counted)
+    collect = upkeep.collect_idle
+
+    async def counted_round(engine: RedisEngine, every: float) -> None:
+        rounds[made.index(engine)] += 1
+        await collect(engine, every)
+
+    monkeypatch.setattr(upkeep, "collect_idle", counted_round)
+    first, second = made
+    cursor = None
+    try:
+        for engine in made:
+            await engine.start()
+        feed = await new_feed(first, "news", "fanout")
+        held = await new_pipe(second)
+        await join(second, held, feed)
+        await publish(second, feed, msg("1"))
+        cursor = second.cursor(ME, held.key)
+        assert text(await anext(cursor)) == "1"  # read, and not waiting: as a busy bridge
+        idle = await asyncio.gather(*(new_pipe(first) for _ in range(40)))
+        looks[:], rounds[:] = [0, 0], [0, 0]
+        await asyncio.sleep(1.0)  # about five rounds each, every pipe still in use
+        pipes = 41
+        assert max(rounds) >= 3
+        assert sum(looks) <= 1.5 * max(rounds) * pipes  # each on its own: 2 * rounds * pipes
+
+        async def collected() -> bool:
+            return all(p.key not in engine.cache.pipes for p in idle for engine in made)
+
+        await eventually(collected, timeout=15.0)
+        await asyncio.sleep(0.5)  # a node that would collect one again has had its round
+        assert first.counters.collected + second.counters.collected == 40
+        assert (await first.pipe(ME, held.key)).key == held.key
+    finally:
+        if cursor is not None:
+            await cursor.close()
+        for engine in made:
+            await engine.close()
+        await forget_namespace(namespace)
 
 
 async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again(
