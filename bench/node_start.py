@@ -2,14 +2,16 @@
 benchmark 17: ``bench.cluster --only pipes``): how long its start takes and the longest
 its event loop went without turning meanwhile; then, running as a started gateway does
 (its collector settings), how long reading the whole catalogue again takes and the
-longest stall then, as when a node fell further behind than the log of changes reaches.
+longest stall then, as when a node fell further behind than the log of changes reaches;
+then the same for the engine's stats (the census each scrape of /metrics takes).
 
     .venv/bin/python bench/node_start.py --root DIR --url URL --namespace NS
 
 Runs the engine of the project at ``--root`` (this tree, or the worktree of a base
 commit), in a process of its own so that each side imports its own code. Prints one
 JSON object: ``seconds``, ``longest_stall_ms``, ``reload_seconds``,
-``reload_longest_stall_ms`` and ``pipes`` (how many the node knows).
+``reload_longest_stall_ms``, ``stats_seconds``, ``stats_longest_stall_ms`` and ``pipes``
+(how many the node knows).
 """
 
 from __future__ import annotations
@@ -72,11 +74,18 @@ async def measure(url: str, namespace: str) -> dict[str, Any]:
         began = time.perf_counter()
         await syncing.sync(engine)
         again = time.perf_counter() - began
+        reload_stall = await stalls.stop()
+        # The census, as each scrape of /metrics takes it.
+        stalls = Stalls()
+        began = time.perf_counter()
+        await engine.stats()
         return {
             "seconds": took,
             "longest_stall_ms": start_stall,
             "reload_seconds": again,
-            "reload_longest_stall_ms": await stalls.stop(),
+            "reload_longest_stall_ms": reload_stall,
+            "stats_seconds": time.perf_counter() - began,
+            "stats_longest_stall_ms": await stalls.stop(),
             "pipes": len(engine.cache.pipes),
         }
     finally:

@@ -515,3 +515,32 @@ async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again
         failed_over.set()
         await late.close()
         await eventually(whole, timeout=30.0)  # the old master a replica in step again
+
+
+async def test_the_census_reads_a_bucket_s_pipes_in_one_round_trip(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The census (the engine's stats: every scrape of /metrics, the admin API) reads
+    what each pipe holds a bucket at a time, one round trip for all of its pipes, not
+    one a pipe, and counts the same."""
+    first, _ = nodes
+    made = await asyncio.gather(*(new_pipe(first) for _ in range(200)))
+    feed = await new_feed(first, "counted", "fanout")
+    for pipe in made[:3]:
+        await join(first, pipe, feed)
+    await publish(first, feed, msg("one"), msg("two"))
+    calls = 0
+    batch = first.link.batch
+
+    async def counted(key: str, commands: list[Any], **options: Any) -> Any:
+        nonlocal calls
+        calls += commands[0][0] == "XLEN"  # (the engine's own rounds go on meanwhile)
+        return await batch(key, commands, **options)
+
+    monkeypatch.setattr(first.link, "batch", counted)
+    census = (await first.stats()).census
+    assert calls <= 64  # the buckets (BUCKETS): 200 pipes were 200 round trips
+    assert dict(census.pipes) == {"": 200}
+    assert census.messages == 6
+    assert census.deepest == 2
+    assert census.held_bytes == 3 * (len("one") + len("two"))
