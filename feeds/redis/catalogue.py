@@ -146,21 +146,6 @@ class Keys:
         return f"{{{self.ns}:f:{feed}}}:d:{message_id}"
 
 
-# What a cache holds of the catalogue, indexes included (Cache.swap).
-_CONTENTS = (
-    "version",
-    "domains",
-    "feeds",
-    "pipes",
-    "joins",
-    "staged",
-    "pipes_of",
-    "feeds_of",
-    "hooks",
-    "by_bucket",
-)
-
-
 class Cache:
     """The catalogue as this engine last read it, indexed for routing."""
 
@@ -240,7 +225,7 @@ class Cache:
         """Hold what ``other`` holds (the catalogue read whole), in one step, and leave
         ``other`` holding what this held: whoever keeps this cache (the system feed's
         view) sees the new, and the old can be let go a piece at a time."""
-        for name in _CONTENTS:
+        for name in list(vars(self)):  # (the configuration too: both have the same)
             mine, theirs = getattr(self, name), getattr(other, name)
             setattr(self, name, theirs)
             setattr(other, name, mine)

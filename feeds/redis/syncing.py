@@ -117,7 +117,7 @@ async def reload(engine: RedisEngine, version: int) -> None:
             cache.load(int(reply[0]), _fields(reply[2:]))
         engine.cache.swap(cache)
         changed(engine, list(engine._waiters))  # anything may have changed: all look
-        await _let_go(cache)
+        background(engine, _let_go(cache))  # (the news need not wait for it)
         return
     raise ServiceUnavailable("the catalogue changes too fast to be read whole now; retry")
 
