@@ -32,6 +32,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from restms.specs import Duplicate, MessageSpec
@@ -267,7 +268,7 @@ def published(
     counts: Sequence[int],
     principal: str | None,
     sizes: list[int],
-    copies: dict[int, list[Copy]],
+    copies: dict[int, Sequence[Copy]],
     linked: bool,
     now: float,
 ) -> None:
@@ -305,6 +306,7 @@ def published(
         count, placed = counts[index], len(routes.pipes) - before
         if type(count) is not Duplicate and count > placed:  # a pipe's joins: one copy
             routes.extra.append((before, count - placed))
+    ids = message_ids(messages)  # (None: no message has one, so none is a repeat)
     emit_request(
         sink,
         now,
@@ -312,11 +314,11 @@ def published(
         messages,
         counts,
         principal,
-        message_ids(messages),
-        [(None, size) for size in sizes],
+        ids,
+        list(zip(repeat(None), sizes)),
         linked,
         routes,
-        any(type(count) is Duplicate for count in counts),
+        ids is not None and any(type(count) is Duplicate for count in counts),
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from restms.errors import PayloadTooLarge, ServiceUnavailable
@@ -39,54 +40,81 @@ class Refused(ServiceUnavailable):
 
 async def fanout(
     engine: RedisEngine, feed: FeedRec, items: list[Item], routed: list[int], exact: bool = False
-) -> tuple[dict[int, int], list[Placed], bool, dict[int, list[Copy]]]:
+) -> tuple[dict[int, int], list[Placed], bool, dict[int, Sequence[Copy]]]:
     """Route ``items`` (those at ``routed``) to the joins they match: each message's
     count, the positions placed, whether durably, and (the mirror on) each message's
     pipes in the order of its joins, whether each took it, and its joins there."""
-    cache = engine.cache
+    # Messages that select the same joins are routed once, together: all of a fanout
+    # feed's, a direct or topic feed's by address, a headers feed's by address and
+    # headers. A route is each pipe its joins lead to and how many of them do.
+    routes: dict[Any, dict[str, int]] = {}
+    route_of: dict[int, Any] = {}
     targets: dict[str, list[int]] = {}  # pipe -> messages, in order
-    joined: dict[tuple[str, int], int] = defaultdict(int)  # (pipe, message) -> joins matched
-    order: dict[int, list[str]] | None = None if engine._mirror is None else {}
     for index in routed:
         spec = items[index][0]
-        headers = dict(spec.headers) if feed.type == "headers" else {}
-        for join in cache.matching(feed, spec.address, headers):
-            if joined[(join.pipe, index)] == 0:
-                targets.setdefault(join.pipe, []).append(index)
-                if order is not None:
-                    order.setdefault(index, []).append(join.pipe)
-            joined[(join.pipe, index)] += 1
-    pipes = {key: cache.pipes[key] for key in targets if key in cache.pipes}
+        key = _route_key(feed, spec)
+        route = routes.get(key)
+        if route is None:
+            route = routes[key] = _route(engine, feed, spec)
+        route_of[index] = key
+        for pipe in route:
+            targets.setdefault(pipe, []).append(index)
+    pipes = {key: engine.cache.pipes[key] for key in targets if key in engine.cache.pipes}
     settings = {key: engine.settings(pipe) for key, pipe in pipes.items()}
     await _check_reject(engine, settings, targets, items)
     durable = any(items[i][3] for i in routed) or any(s.durable for s in settings.values())
     positions = await place(engine, pipes, targets, items, durable, exact, settings=settings)
-    took = dict.fromkeys(routed, 0)
     placements: list[Placed] = []
+    skipped: set[tuple[str, int]] = set()  # (pipe, message): the pipe was full
     for key, got in positions.items():
-        taken = [p for p in got if p]
+        taken = list(filter(None, got))
         if taken:
             placements.append(Placed(pipe=key, first=min(taken), last=max(taken)))
-        for index, position in zip(targets[key], got, strict=True):
-            if position:
-                took[index] += joined[(key, index)]
-                engine.counters.routed += 1
-            else:
-                engine.counters.skipped_full += 1
-    copies: dict[int, list[Copy]] = {}
-    if order is not None:
-        at = {
-            (key, index): position
-            for key, got in positions.items()
-            for index, position in zip(targets[key], got, strict=True)
-        }
-        for index, keys in order.items():
-            copies[index] = [
-                (pipes[key], bool(at[(key, index)]), joined[(key, index)])
-                for key in keys
-                if (key, index) in at
-            ]
+        if len(taken) < len(got):
+            skipped.update((key, i) for i, p in zip(targets[key], got, strict=True) if not p)
+        engine.counters.routed += len(taken)
+    engine.counters.skipped_full += len(skipped)
+
+    def copies_of(key: Any, index: int) -> tuple[Copy, ...]:
+        return tuple(
+            (pipes[pipe], (pipe, index) not in skipped, joins)
+            for pipe, joins in routes[key].items()
+            if pipe in positions
+        )
+
+    took: dict[int, int]
+    copies: dict[int, Sequence[Copy]] = {}
+    if not skipped:  # (most publishes) every message of a route went to its pipes
+        whole = {key: copies_of(key, -1) for key in routes}  # (-1: any message, none skipped)
+        counted = {key: sum(joins for _pipe, _took, joins in went) for key, went in whole.items()}
+        took = {i: counted[route_of[i]] for i in routed}
+        if engine._mirror is not None:
+            copies = {i: whole[route_of[i]] for i in routed}
+    else:
+        copies = {i: copies_of(route_of[i], i) for i in routed}
+        took = {i: sum(joins for _pipe, went, joins in copies[i] if went) for i in routed}
+        if engine._mirror is None:
+            copies = {}
     return took, placements, durable, copies
+
+
+def _route_key(feed: FeedRec, spec: MessageSpec) -> Any:
+    """What the joins a message selects depend on (Cache.matching)."""
+    if feed.type == "fanout":
+        return None
+    if feed.type == "headers":
+        return spec.address, spec.headers
+    return spec.address
+
+
+def _route(engine: RedisEngine, feed: FeedRec, spec: MessageSpec) -> dict[str, int]:
+    """The pipes a message's matching joins lead to, in the order of those joins, each
+    with how many of them it has: a pipe takes one copy, and each join counts."""
+    headers = dict(spec.headers) if feed.type == "headers" else {}
+    route: dict[str, int] = {}
+    for join in engine.cache.matching(feed, spec.address, headers):
+        route[join.pipe] = route.get(join.pipe, 0) + 1
+    return route
 
 
 async def _check_reject(
@@ -161,7 +189,7 @@ async def place(
             ]
             for index in targets[key]:
                 spec, record, size, _kept = items[index]
-                ttl = spec.prop("expiration")
+                ttl = spec.prop("expiration") if spec.props else None
                 expires = now_ms + int(ttl) if ttl and ttl.isdigit() else 0
                 args += [size, expires, record]
             heads = heads or (engine._mirror is not None and limits.overflow == "drop-oldest")
@@ -181,7 +209,7 @@ async def place(
         removed: list[Any] | None = None
         if heads:
             *reply, removed = reply
-        return tag, here, [int(r) for r in reply], unsure, removed, mark
+        return tag, here, list(map(int, reply)), unsure, removed, mark
 
     results: list[Any]
     if len(by_tag) == 1:  # (most publishes: no gather, no task)

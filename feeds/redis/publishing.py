@@ -36,6 +36,7 @@ from restms.specs import Duplicate, EmbeddedContent, LinkedContent, MessageSpec
 from restms.uris import split_path
 
 from ..model import Blob as HeldBlob
+from ..publishing import message_ids
 from ..routing import QUEUEING_TYPES
 from ..service import Placed, PublishResult
 from ..store import decode_parts, loads, message_spec, persistent, stamp_in
@@ -87,25 +88,17 @@ async def _publish(
     items, used = await _contents(engine, principal, feed, messages, now)
     window = engine.config.dedup_window
     seen: dict[str, int | None] = {}
-    ids = [spec.prop("message_id") if window > 0 else None for spec in messages]
+    # Each message's id, when the window is on and any message has one (most have none).
+    named = message_ids(messages) if window > 0 else None
+    ids = named or [None] * len(messages)
     wanted = sorted({i for i in ids if i})
     if wanted:  # a concurrent publish of one on any node waits its turn
         seen = await claims.claim_all(engine, feed, wanted, window)
     claimed = [i for i in wanted if seen.get(i) is None]
     counts: list[int] = [0] * len(messages)
-    routed: list[int] = []  # indexes of messages routed (not duplicates)
-    first_of: dict[str, int] = {}
-    for index, mid in enumerate(ids):
-        if mid and seen.get(mid) is not None:
-            counts[index] = Duplicate(seen[mid] or 0)
-        elif mid and mid in first_of:
-            counts[index] = -1 - first_of[mid]  # the count of the first, filled in below
-        else:
-            if mid:
-                first_of[mid] = index
-            routed.append(index)
+    routed = _routed(ids, seen, counts) if named else list(range(len(messages)))
     engine.counters.published += len(messages)
-    copies: dict[int, list[Copy]] = {}  # (the mirror's)
+    copies: dict[int, Sequence[Copy]] = {}  # (the mirror's)
     exact = bool(claimed)  # a repeat must find the message once: marked places
     try:
         if feed.type in QUEUEING_TYPES:
@@ -126,24 +119,26 @@ async def _publish(
             mirror.refused(engine, feed, messages, principal if exc.publisher else None)
         if isinstance(exc, settling.Unsettled):  # the ids stay claimed until it is settled
             fanout = feed.type not in QUEUEING_TYPES
-            named = {index: mid for index, mid in enumerate(ids) if mid} if fanout else None
-            claims.after(engine, feed, claimed, named, exc.settled, window)
+            by_index = {index: mid for index, mid in enumerate(ids) if mid} if fanout else None
+            claims.after(engine, feed, claimed, by_index, exc.settled, window)
         else:
             await claims.release(engine, feed, claimed)  # nothing was kept: the ids are free
         raise
     for index in routed:
         counts[index] = took[index]
-    for index, count in enumerate(counts):
-        if count < 0:
-            counts[index] = Duplicate(counts[-1 - count])
-            engine.counters.duplicates += 1
-        elif isinstance(count, Duplicate):
-            engine.counters.duplicates += 1
+    if named:
+        for index, count in enumerate(counts):
+            if count < 0:
+                counts[index] = Duplicate(counts[-1 - count])
+                engine.counters.duplicates += 1
+            elif isinstance(count, Duplicate):
+                engine.counters.duplicates += 1
     if engine._mirror is not None:
         sizes = [item[2] for item in items]
         mirror.published(engine, feed, messages, counts, principal, sizes, copies, bool(used), now)
-    done = [(mid, counts[i]) for i in routed if (mid := ids[i])]
-    await claims.remember(engine, feed, done, window)
+    if named:
+        done = [(mid, counts[i]) for i in routed if (mid := ids[i])]
+        await claims.remember(engine, feed, done, window)
     if used:
         await syncing.change(
             engine, lambda: ([(f"s:{k}", None) for k in used if k in engine.cache.staged], None)
@@ -153,6 +148,24 @@ async def _publish(
     return PublishResult(
         counts=tuple(counts), placed=tuple(placements), queued=queued, committed=committed
     )
+
+
+def _routed(ids: list[str | None], seen: dict[str, int | None], counts: list[int]) -> list[int]:
+    """The indexes of the messages to route: not those whose id the window holds (their
+    count is a Duplicate of the one kept), nor an id's repeats in this publish (their
+    count, until the first's is known, is -1 - the first's index)."""
+    routed: list[int] = []
+    first_of: dict[str, int] = {}
+    for index, mid in enumerate(ids):
+        if mid and seen.get(mid) is not None:
+            counts[index] = Duplicate(seen[mid] or 0)
+        elif mid and mid in first_of:
+            counts[index] = -1 - first_of[mid]
+        else:
+            if mid:
+                first_of[mid] = index
+            routed.append(index)
+    return routed
 
 
 async def _contents(
@@ -185,7 +198,7 @@ async def _contents(
             else:
                 parts.append(content)
         record, size = encode_message(spec, tuple(parts), feed.name, now, next(engine.stamps))
-        items.append((spec, record, size, persistent(spec)))
+        items.append((spec, record, size, persistent(spec) if spec.props else False))
     return items, used
 
 
@@ -230,7 +243,7 @@ async def dead_letter(
     stamp = stamp_in(fields) or next(engine.stamps)  # the message's own, when it has one
     record, size = encode_message(copy, parts, fields[3], fields[4], stamp)
     item: Item = (copy, record, size, persistent(copy))
-    copies: list[Copy] = []
+    copies: Sequence[Copy] = ()
     try:
         if target.type in QUEUEING_TYPES:
             pipes = (await queueing.queueing(engine, target, [item]))[3]

@@ -187,6 +187,27 @@ async def test_F5_F18_pipe_matched_by_two_joins_gets_one_copy_counted_twice(
     assert await texts(engine, pipe) == ["x"]
 
 
+async def test_F18_a_batch_counts_each_message_s_copies_when_a_pipe_fills_midway(
+    engine: EngineService,
+) -> None:
+    # Messages of one address share their route; the count of each must still be its
+    # own once a pipe of that route is full (the third "a" finds the small pipe full).
+    feed = await new_feed(engine, "mixed", "topic")
+    small, large = await new_pipe(engine, max_messages=2), await new_pipe(engine)
+    await join(engine, small, feed, "a")
+    await join(engine, large, feed, "a")
+    await join(engine, large, feed, "#")
+    batch = [msg("a1", "a"), msg("b1", "b"), msg("a2", "a"), msg("a3", "a"), msg("b2", "b")]
+    result = await engine.publish(ME, feed.key, batch)
+    assert result.counts == (3, 1, 3, 2, 1)
+    assert {(p.pipe, p.first, p.last) for p in result.placed} == {
+        (small.key, 1, 2),
+        (large.key, 1, 5),
+    }
+    assert await texts(engine, small) == ["a1", "a2"]
+    assert await texts(engine, large) == ["a1", "b1", "a2", "a3", "b2"]
+
+
 async def test_F11_message_published_before_the_join_is_not_delivered(
     engine: EngineService,
 ) -> None:
