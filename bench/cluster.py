@@ -18,8 +18,9 @@ order (ABBA), because the machine is shared and its load drifts:
   empty pipes, made through the engine service in this process; bytes a pipe. Then,
   each round, another node's engine starting on that catalogue (bench/node_start.py,
   a process of its own): how long it takes and the longest its event loop stalled,
-  at its start, when, running, it reads the whole catalogue again, and for its stats
-  (the census of every pipe that each scrape of /metrics takes).
+  at its start, when, running, it reads the whole catalogue again, for its stats
+  (the census of every pipe that each scrape of /metrics takes) and for every pipe's
+  state (the admin API's list of pipes and its overview).
 - ``workers``: ``serve --workers 2`` against ``--workers 1`` on the Redis engine:
   total msg/s (single publish) and msg per gateway CPU-second (all workers' CPU).
   wrk, the gateways and Redis share the machine's cores, so on two cores the
@@ -364,7 +365,9 @@ def _pipes(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
                     f"{started['reload_seconds']:.2f} s, longest stall "
                     f"{started['reload_longest_stall_ms']:.1f} ms; stats "
                     f"{started['stats_seconds']:.2f} s, longest stall "
-                    f"{started['stats_longest_stall_ms']:.1f} ms"
+                    f"{started['stats_longest_stall_ms']:.1f} ms; pipe states "
+                    f"{started['states_seconds']:.2f} s, longest stall "
+                    f"{started['states_longest_stall_ms']:.1f} ms"
                 )
     finally:
         uvloop.run(forget(namespace))
@@ -372,7 +375,8 @@ def _pipes(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     log(f"  {args.pipes} pipes: {after - before} bytes, {per_pipe:.0f} bytes a pipe, {took:.1f} s")
     summary: dict[str, Any] = {"pipes": args.pipes, "bytes_per_pipe": per_pipe, "seconds": took}
     figures = ("seconds", "longest_stall_ms", "reload_seconds", "reload_longest_stall_ms")
-    for figure in (*figures, "stats_seconds", "stats_longest_stall_ms"):
+    states = ("states_seconds", "states_longest_stall_ms")
+    for figure in (*figures, "stats_seconds", "stats_longest_stall_ms", *states):
         medians = {side: median([r[figure] for r in rs]) for side, rs in starts.items()}
         summary[f"node_{figure}"] = medians
         if base is not None:

@@ -3,15 +3,17 @@ benchmark 17: ``bench.cluster --only pipes``): how long its start takes and the 
 its event loop went without turning meanwhile; then, running as a started gateway does
 (its collector settings), how long reading the whole catalogue again takes and the
 longest stall then, as when a node fell further behind than the log of changes reaches;
-then the same for the engine's stats (the census each scrape of /metrics takes).
+then the same for the engine's stats (the census each scrape of /metrics takes) and
+for every pipe's state (the admin API's list of pipes and its overview).
 
     .venv/bin/python bench/node_start.py --root DIR --url URL --namespace NS
 
 Runs the engine of the project at ``--root`` (this tree, or the worktree of a base
 commit), in a process of its own so that each side imports its own code. Prints one
 JSON object: ``seconds``, ``longest_stall_ms``, ``reload_seconds``,
-``reload_longest_stall_ms``, ``stats_seconds``, ``stats_longest_stall_ms`` and ``pipes``
-(how many the node knows).
+``reload_longest_stall_ms``, ``stats_seconds``, ``stats_longest_stall_ms``,
+``states_seconds``, ``states_longest_stall_ms``, ``states`` (how many it gave) and
+``pipes`` (how many the node knows).
 """
 
 from __future__ import annotations
@@ -79,13 +81,22 @@ async def measure(url: str, namespace: str) -> dict[str, Any]:
         stalls = Stalls()
         began = time.perf_counter()
         await engine.stats()
+        stats = time.perf_counter() - began
+        stats_stall = await stalls.stop()
+        # Every pipe's state, as the admin API's list of pipes and its overview read it.
+        stalls = Stalls()
+        began = time.perf_counter()
+        states = await engine.pipe_states()
         return {
             "seconds": took,
             "longest_stall_ms": start_stall,
             "reload_seconds": again,
             "reload_longest_stall_ms": reload_stall,
-            "stats_seconds": time.perf_counter() - began,
-            "stats_longest_stall_ms": await stalls.stop(),
+            "stats_seconds": stats,
+            "stats_longest_stall_ms": stats_stall,
+            "states_seconds": time.perf_counter() - began,
+            "states_longest_stall_ms": await stalls.stop(),
+            "states": len(states),
             "pipes": len(engine.cache.pipes),
         }
     finally:

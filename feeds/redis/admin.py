@@ -4,14 +4,16 @@ readiness, pipe states, purge and the inventory (docs/ADMIN.md)."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from restms.errors import ServiceUnavailable
+from restms.errors import NotFound, ServiceUnavailable
 
 from ..config import LATENCY_BOUNDS
 from ..routing import QUEUEING_TYPES
-from ..service import Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
-from . import lookups, streams, syncing, waiting
+from ..service import HIDDEN, Census, Histogram, Inventory, PipeState, Readiness, Stats, StoreStats
+from . import lookups, streams, syncing, waiting, webhooks
+from .catalogue import PipeRec
+from .values import pipe_info
 
 if TYPE_CHECKING:
     from .service import RedisEngine
@@ -103,23 +105,65 @@ async def probe(engine: RedisEngine) -> None:
     await engine.link.call(probe, "SET", probe, "1", "PX", 60_000, write=True, durable=True)
 
 
+# Pipes whose states one round trip reads: a state takes some 50 µs to make, and the
+# event loop turns between two round trips.
+STATES_AT_ONCE = 100
+
+
 async def pipe_states(engine: RedisEngine) -> tuple[PipeState, ...]:
-    return tuple([await engine.pipe_state(None, key) for key in list(engine.cache.pipes)])
+    """Every pipe's state, read for up to STATES_AT_ONCE pipes of a bucket at a time in
+    one round trip (one pipe at a time took four)."""
+    await syncing.fresh(engine)
+    states: list[PipeState] = []
+    for index, keys in enumerate(engine.cache.by_bucket):
+        here = [p for p in map(engine.cache.pipes.get, list(keys)) if p is not None]
+        for at in range(0, len(here), STATES_AT_ONCE):
+            piece = here[at : at + STATES_AT_ONCE]
+            states += await _states(engine, engine.keys.tag(index), piece)
+    return tuple(states)
 
 
 async def pipe_state(engine: RedisEngine, principal: str | None, key: str) -> PipeState:
     found = await syncing.pipe(engine, principal, key)
-    info = await lookups.pipe_of(engine, found, use=False)
-    _stream, state, tag = engine.keys.pipe(key)
-    size = await engine.link.call(tag, "HGET", state, "bytes")
-    return PipeState(
-        info=info,
-        on_disk=0,
-        bytes=int(size or 0),
-        waiting=waiting.count(engine, key),
-        pinned=any(c.pipe == key and c.ended is None for c in engine._cursors),
-        webhook=None if info.webhook is None else info.webhook.state,
-    )
+    for state in await _states(engine, engine.keys.pipe(key)[2], [found]):
+        return state
+    raise NotFound(HIDDEN)  # deleted meanwhile
+
+
+async def _states(engine: RedisEngine, tag: str, pipes: list[PipeRec]) -> list[PipeState]:
+    """The states of pipes of one bucket (``tag``), read in one round trip, but for
+    those deleted meanwhile; a look here is not a use (Q1)."""
+    commands: list[tuple[Any, ...]] = []
+    for pipe in pipes:
+        _stream, state, _tag = engine.keys.pipe(pipe.key)
+        commands += [
+            streams.range_command(engine, pipe.key, 0, 0, use=False),
+            lookups.marks_command(engine, pipe.key),
+            ("HMGET", state, "bytes", "hook"),
+        ]
+    replies = await engine.link.batch(tag, commands, write=True)
+    pinned = {c.pipe for c in engine._cursors if c.ended is None}
+    states: list[PipeState] = []
+    for at, pipe in enumerate(pipes):
+        if pipe.key not in engine.cache.pipes:
+            continue
+        ranged, marks, (size, kept) = replies[3 * at : 3 * at + 3]
+        options = engine.settings(pipe).webhook
+        hook = None if options is None else webhooks.hook_from(options, kept)
+        joins = tuple(lookups.join_of(engine, j) for j in pipe.joins.values())
+        figures = lookups.figures(streams.ranged(engine, ranged), marks)
+        info = pipe_info(pipe, engine.settings(pipe), joins, figures, engine._dead_letter, hook)
+        states.append(
+            PipeState(
+                info=info,
+                on_disk=0,
+                bytes=int(size or 0),
+                waiting=waiting.count(engine, pipe.key),
+                pinned=pipe.key in pinned,
+                webhook=None if info.webhook is None else info.webhook.state,
+            )
+        )
+    return states
 
 
 async def purge(engine: RedisEngine, principal: str | None, pipe: str) -> int:

@@ -6,7 +6,7 @@ webhook, a rotator or service feed's with its queue."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from restms.errors import BadRequest, NotFound
 
@@ -42,13 +42,25 @@ async def pipe_of(engine: RedisEngine, pipe: PipeRec, use: bool = True) -> PipeI
 
 async def figures_of(engine: RedisEngine, pipe: str, use: bool = True) -> Figures:
     """Held, oldest, asynclet, the version of a pipe's messages and its marks."""
-    _stream, state, tag = engine.keys.pipe(pipe)
+    _stream, _state, tag = engine.keys.pipe(pipe)
     reply = await engine._range(pipe, 0, 0, use)
-    version, acked, lost = await engine.link.call(tag, "HMGET", state, "ver", "acked", "lost")
+    return figures(reply, await engine.link.call(tag, *marks_command(engine, pipe)))
+
+
+def marks_command(engine: RedisEngine, pipe: str) -> tuple[Any, ...]:
+    """The read of a pipe's version and marks that :func:`figures` takes."""
+    _stream, state, _tag = engine.keys.pipe(pipe)
+    return ("HMGET", state, "ver", "acked", "lost")
+
+
+def figures(ranged: list[Any], marks: list[Any]) -> Figures:
+    """A pipe's figures from a range call with no message (streams.read_range) and the
+    read of its marks (:func:`marks_command`)."""
+    version, acked, lost = marks
     return Figures(
-        held=reply[3],
-        oldest=reply[2] or None,
-        asynclet=reply[0],
+        held=ranged[3],
+        oldest=ranged[2] or None,
+        asynclet=ranged[0],
         version=int(version or 0),
         acked=int(acked or 0),
         lost=int(lost or 0),

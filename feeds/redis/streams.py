@@ -33,13 +33,26 @@ async def read_range(
 ) -> list[Any]:
     """The pipe's figures and up to ``count`` messages from ``first`` (0: the oldest):
     asynclet, expired now, oldest, held, then five items a message."""
-    stream, state, tag = engine.keys.pipe(pipe)
-    now = int(time.time() * 1000)
-    command = ("FCALL", FUNCTIONS + "range", 2, stream, state, first, count, now, int(use))
+    command = range_command(engine, pipe, first, count, use)
     if engine._mirror is not None and count:  # it also answers what expired
         reply = await mirror.ranged(engine, pipe, command)
     else:
+        _stream, _state, tag = engine.keys.pipe(pipe)
         reply = await engine.link.call(tag, *command, write=True)
+    return ranged(engine, reply)
+
+
+def range_command(
+    engine: RedisEngine, pipe: str, first: int, count: int, use: bool = True
+) -> tuple[Any, ...]:
+    """The call :func:`read_range` makes (it removes what expired: a write)."""
+    stream, state, _tag = engine.keys.pipe(pipe)
+    now = int(time.time() * 1000)
+    return ("FCALL", FUNCTIONS + "range", 2, stream, state, first, count, now, int(use))
+
+
+def ranged(engine: RedisEngine, reply: list[Any]) -> list[Any]:
+    """A range call's reply, what it found expired counted."""
     if reply[1]:
         engine.counters.expired += int(reply[1])
     return list(reply)

@@ -33,9 +33,14 @@ async def hook_of(engine: RedisEngine, pipe: PipeRec) -> Hook | None:
     options = engine.settings(pipe).webhook
     if options is None:
         return None
-    hook = Hook(options)
     _stream, state, tag = engine.keys.pipe(pipe.key)
-    data = await engine.link.call(tag, "HGET", state, "hook")
+    return hook_from(options, await engine.link.call(tag, "HGET", state, "hook"))
+
+
+def hook_from(options: WebhookOptions, data: bytes | None) -> Hook:
+    """A webhook pipe's delivery state from its options and the record its state hash
+    keeps (None: none yet)."""
+    hook = Hook(options)
     if data:
         record = loads(data)
         hook.restore(record)

@@ -517,6 +517,52 @@ async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again
         await eventually(whole, timeout=30.0)  # the old master a replica in step again
 
 
+async def test_every_pipe_s_state_is_read_a_bucket_at_a_time(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The admin API's state of every pipe (its list of pipes, and its overview's
+    webhook totals) reads a bucket's pipes in one round trip (up to STATES_AT_ONCE
+    of them), not four a pipe, and each state is the one a look at that pipe alone
+    gives."""
+    first, second = nodes
+    made = await asyncio.gather(*(new_pipe(first) for _ in range(200)))
+    feed = await new_feed(first, "stated", "fanout")
+    for pipe in made[:3]:
+        await join(first, pipe, feed)
+    await publish(first, feed, msg("one"), msg("two"))
+    hook = WebhookOptions(callback="http://127.0.0.1:9/hook", secret="s" * 32)
+    hooked = await new_pipe(second, "webhook", webhook=hook)
+    calls = 0
+    batch, call = first.link.batch, first.link.call
+
+    def looks(command: tuple[Any, ...]) -> bool:  # a range of no message, not a use
+        return command[0] == "FCALL" and str(command[1]).endswith("_range") and not command[8]
+
+    async def counted_batch(key: str, commands: list[Any], **options: Any) -> Any:
+        nonlocal calls
+        calls += any(map(looks, commands))  # (the engine's own rounds go on meanwhile)
+        return await batch(key, commands, **options)
+
+    async def counted_call(key: str, *command: Any, **options: Any) -> Any:
+        nonlocal calls
+        calls += looks(command)
+        return await call(key, *command, **options)
+
+    monkeypatch.setattr(first.link, "batch", counted_batch)
+    monkeypatch.setattr(first.link, "call", counted_call)
+    states = {state.info.key: state for state in await first.pipe_states()}
+    assert 0 < calls <= 64  # the buckets (BUCKETS): a pipe at a time, 201 pipes took 402
+    monkeypatch.undo()
+    assert set(states) == {p.key for p in made} | {hooked.key}
+    for pipe in (*made[:4], hooked):
+        assert states[pipe.key] == await first.pipe_state(None, pipe.key)
+    assert [states[p.key].info.held for p in made[:4]] == [2, 2, 2, 0]
+    assert states[made[0].key].bytes == len("one") + len("two")
+    assert states[hooked.key].webhook is not None
+    assert states[hooked.key].webhook.state == "verifying"
+    assert states[made[0].key].webhook is None
+
+
 async def test_the_census_reads_a_bucket_s_pipes_in_one_round_trip(
     nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
