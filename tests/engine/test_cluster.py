@@ -517,6 +517,16 @@ async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again
         await eventually(whole, timeout=30.0)  # the old master a replica in step again
 
 
+async def _two_hundred_pipes(engine: RedisEngine) -> list[PipeInfo]:
+    """200 pipes, the first three joined to a fanout feed that had two messages."""
+    made = list(await asyncio.gather(*(new_pipe(engine) for _ in range(200))))
+    feed = await new_feed(engine, None, "fanout")
+    for pipe in made[:3]:
+        await join(engine, pipe, feed)
+    await publish(engine, feed, msg("one"), msg("two"))
+    return made
+
+
 async def test_every_pipe_s_state_is_read_a_bucket_at_a_time(
     nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -525,11 +535,7 @@ async def test_every_pipe_s_state_is_read_a_bucket_at_a_time(
     of them), not four a pipe, and each state is the one a look at that pipe alone
     gives."""
     first, second = nodes
-    made = await asyncio.gather(*(new_pipe(first) for _ in range(200)))
-    feed = await new_feed(first, "stated", "fanout")
-    for pipe in made[:3]:
-        await join(first, pipe, feed)
-    await publish(first, feed, msg("one"), msg("two"))
+    made = await _two_hundred_pipes(first)
     hook = WebhookOptions(callback="http://127.0.0.1:9/hook", secret="s" * 32)
     hooked = await new_pipe(second, "webhook", webhook=hook)
     calls = 0
@@ -570,11 +576,7 @@ async def test_the_census_reads_a_bucket_s_pipes_in_one_round_trip(
     what each pipe holds a bucket at a time, one round trip for all of its pipes, not
     one a pipe, and counts the same."""
     first, _ = nodes
-    made = await asyncio.gather(*(new_pipe(first) for _ in range(200)))
-    feed = await new_feed(first, "counted", "fanout")
-    for pipe in made[:3]:
-        await join(first, pipe, feed)
-    await publish(first, feed, msg("one"), msg("two"))
+    await _two_hundred_pipes(first)
     calls = 0
     batch = first.link.batch
 
