@@ -216,13 +216,15 @@ async def delete_pipe(engine: RedisEngine, principal: str | None, key: str) -> N
     await drop_pipe(engine, key)
 
 
-async def drop_pipe(engine: RedisEngine, key: str) -> None:
+async def drop_pipe(engine: RedisEngine, key: str) -> bool:
+    """Delete a pipe, its joins and its messages; False when it was gone already (another
+    node dropped it first)."""
     known = engine.cache.pipes.get(key)
 
-    def build() -> tuple[Fields, None]:
+    def build() -> tuple[Fields, bool]:
         pipe = engine.cache.pipes.get(key)
         if pipe is None:
-            return [], None
+            return [], False
         fields: Fields = [(f"p:{key}", None)]
         fields += [(f"j:{j}", None) for j in pipe.joins]
         now = time.time()
@@ -231,9 +233,9 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
             service = feed is not None and feed.type == "service" and not feed.configured
             if feed is not None and service and set(feed.joins) <= set(pipe.joins):
                 fields += feed_gone(engine, feed, now)
-        return fields, None
+        return fields, True
 
-    await syncing.change(engine, build)
+    dropped = await syncing.change(engine, build)
     stream, state, tag = engine.keys.pipe(key)
     await engine.link.batch(tag, [("UNLINK", stream, state), ("SPUBLISH", tag, key)], write=True)
     waiting.wake(engine, key)
@@ -242,6 +244,7 @@ async def drop_pipe(engine: RedisEngine, key: str) -> None:
     for cursor in list(engine._cursors):
         if cursor.pipe == key:
             cursor.end("deleted")
+    return dropped
 
 
 async def create_join(

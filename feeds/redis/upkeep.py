@@ -127,8 +127,8 @@ async def collect_idle(engine: RedisEngine, every: float) -> None:
             tag, [("HGET", engine.keys.pipe(key)[1], "at") for key in here], write=False
         )
         for key, at in zip(here, last, strict=True):
-            if key not in held and now - int(at or 0) > timeout * 1000:
-                await resources.drop_pipe(engine, key)
+            idle = key not in held and now - int(at or 0) > timeout * 1000
+            if idle and await resources.drop_pipe(engine, key):  # (False: another node did)
                 engine.counters.collected += 1
 
 

@@ -14,7 +14,7 @@ from blockbuster import BlockBuster
 from redis.asyncio import Redis
 
 from feeds.config import EngineConfig
-from feeds.redis import RedisEngine, syncing, upkeep
+from feeds.redis import RedisEngine, resources, syncing, upkeep
 from feeds.redis.catalogue import Cache
 from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
@@ -403,6 +403,23 @@ async def test_a_withdrawal_takes_back_only_the_record_it_placed(
     assert await texts(first, pipe) == ["kept"]
     await withdraw(first, {pipe.key: [1]}, {pipe.key: [placed]})
     assert await texts(first, pipe) == []
+
+
+async def test_a_pipe_two_nodes_drop_at_once_is_dropped_by_one(
+    nodes: tuple[RedisEngine, RedisEngine],
+) -> None:
+    """The look for idle pipes counts a pipe it collected only when its own drop took it
+    (two nodes that both found it idle would count it twice)."""
+    first, second = nodes
+    pipe = await new_pipe(first)
+    await second.pipe(ME, pipe.key)  # known to both
+    dropped = await asyncio.gather(
+        resources.drop_pipe(first, pipe.key), resources.drop_pipe(second, pipe.key)
+    )
+    assert sorted(dropped) == [False, True]
+    for engine in nodes:
+        with pytest.raises(NotFound):
+            await engine.pipe(ME, pipe.key)
 
 
 async def test_idle_pipes_are_looked_at_once_a_round_across_nodes_and_collected_once(
