@@ -75,9 +75,11 @@ async def fanout(
         engine.counters.routed += len(taken)
     engine.counters.skipped_full += len(skipped)
 
-    def copies_of(key: Any, index: int) -> tuple[Copy, ...]:
+    def copies_of(key: Any, index: int | None = None) -> tuple[Copy, ...]:
+        """Message ``index``'s copies along route ``key`` (None: those of any message
+        of it, when no pipe skipped one)."""
         return tuple(
-            (pipes[pipe], (pipe, index) not in skipped, joins)
+            (pipes[pipe], index is None or (pipe, index) not in skipped, joins)
             for pipe, joins in routes[key].items()
             if pipe in positions
         )
@@ -85,7 +87,7 @@ async def fanout(
     took: dict[int, int]
     copies: dict[int, Sequence[Copy]] = {}
     if not skipped:  # (most publishes) every message of a route went to its pipes
-        whole = {key: copies_of(key, -1) for key in routes}  # (-1: any message, none skipped)
+        whole = {key: copies_of(key) for key in routes}
         counted = {key: sum(joins for _pipe, _took, joins in went) for key, went in whole.items()}
         took = {i: counted[route_of[i]] for i in routed}
         if engine._mirror is not None:
