@@ -50,10 +50,7 @@ async def census(engine: RedisEngine) -> Census:
     if not engine._closed:
         # A bucket at a time: one round trip for its pipes (at 100,000 pipes, 64 in all,
         # not 100,000), and the event loop turns between the buckets.
-        for index, keys in enumerate(engine.cache.by_bucket):
-            here = [p for p in map(engine.cache.pipes.get, list(keys)) if p is not None]
-            if not here:
-                continue
+        for index, here in engine.cache.buckets():
             commands: list[tuple[str, ...]] = []
             for pipe in here:
                 pipes[pipe.type] = pipes.get(pipe.type, 0) + 1
@@ -115,8 +112,7 @@ async def pipe_states(engine: RedisEngine) -> tuple[PipeState, ...]:
     one round trip (one pipe at a time took four)."""
     await syncing.fresh(engine)
     states: list[PipeState] = []
-    for index, keys in enumerate(engine.cache.by_bucket):
-        here = [p for p in map(engine.cache.pipes.get, list(keys)) if p is not None]
+    for index, here in engine.cache.buckets():
         for at in range(0, len(here), STATES_AT_ONCE):
             piece = here[at : at + STATES_AT_ONCE]
             states += await _states(engine, engine.keys.tag(index), piece)
@@ -148,11 +144,11 @@ async def _states(engine: RedisEngine, tag: str, pipes: list[PipeRec]) -> list[P
         if pipe.key not in engine.cache.pipes:
             continue
         ranged, marks, (size, kept) = replies[3 * at : 3 * at + 3]
-        options = engine.settings(pipe).webhook
-        hook = None if options is None else webhooks.hook_from(options, kept)
+        settings = engine.settings(pipe)
+        hook = None if settings.webhook is None else webhooks.hook_from(settings.webhook, kept)
         joins = tuple(lookups.join_of(engine, j) for j in pipe.joins.values())
         figures = lookups.figures(streams.ranged(engine, ranged), marks)
-        info = pipe_info(pipe, engine.settings(pipe), joins, figures, engine._dead_letter, hook)
+        info = pipe_info(pipe, settings, joins, figures, engine._dead_letter, hook)
         states.append(
             PipeState(
                 info=info,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import zlib
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from ..config import DEFAULT_FEED, EngineConfig, FeedConfig
 from ..routing import INDEXED_TYPES, Matcher, matcher
 from ..store import dumps, loads
 
+Headers = tuple[tuple[str, str], ...]  # a message's, as its spec holds them
 BUCKETS = 64  # pipes are spread over this many hash slots (never change it for a namespace)
 
 
@@ -323,6 +324,14 @@ class Cache:
             raise BadRequest(f"join names no existing feed: {path}")
         return feed
 
+    def buckets(self) -> Iterator[tuple[int, list[PipeRec]]]:
+        """Each bucket that holds pipes, and its pipes as the cache has them when the
+        bucket comes: a caller may wait between two buckets while the cache changes."""
+        for index in range(BUCKETS):
+            here = [p for p in map(self.pipes.get, self.by_bucket[index]) if p is not None]
+            if here:
+                yield index, here
+
     def pipes_owned(self, owner: str) -> list[PipeRec]:
         """``owner``'s pipes, in the order this cache learned of them."""
         return [self.pipes[key] for key in self.pipes_of.get(owner, ())]
@@ -334,13 +343,35 @@ class Cache:
     def public_feeds(self, domain: str) -> list[FeedRec]:
         return [f for f in self.feeds.values() if f.name is not None and f.domain == domain]
 
-    def matching(self, feed: FeedRec, address: str, headers: dict[str, str]) -> list[JoinRec]:
-        """The joins of a fanout-style feed that select a message (feeds.routing)."""
+    def matching(self, feed: FeedRec, address: str, headers: Headers) -> list[JoinRec]:
+        """The joins of a fanout-style feed that select a message (feeds.routing); they
+        depend on what :func:`route_key` gives."""
         if feed.type == "fanout":
             return list(feed.joins.values())
         if feed.type in INDEXED_TYPES:
             return list(feed.by_address.get(address, ()))
-        return [j for j in feed.joins.values() if j.match is None or j.match(address, headers)]
+        named = dict(headers) if feed.type == "headers" else {}
+        return [j for j in feed.joins.values() if j.match is None or j.match(address, named)]
+
+    def route(self, feed: FeedRec, address: str, headers: Headers) -> dict[str, int]:
+        """The pipes the joins that select a message lead to, in the order of those
+        joins, each with how many of them lead there: a pipe takes one copy of the
+        message, and each join counts."""
+        route: dict[str, int] = {}
+        for join in self.matching(feed, address, headers):
+            route[join.pipe] = route.get(join.pipe, 0) + 1
+        return route
+
+
+def route_key(feed: FeedRec, address: str, headers: Headers) -> Hashable:
+    """What the joins of ``feed`` that select a message depend on (:meth:`Cache.matching`):
+    nothing on a fanout feed, the address and headers on a headers feed, else the
+    address. Messages with one key have one route."""
+    if feed.type == "fanout":
+        return None
+    if feed.type == "headers":
+        return address, headers
+    return address
 
 
 def _disown(index: dict[str, dict[str, None]], owner: str, key: str) -> None:

@@ -32,7 +32,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from restms.specs import Duplicate, MessageSpec
@@ -315,7 +314,7 @@ def published(
         counts,
         principal,
         ids,
-        list(zip(repeat(None), sizes)),
+        [(None, size) for size in sizes],
         linked,
         routes,
         ids is not None and any(type(count) is Duplicate for count in counts),

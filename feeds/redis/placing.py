@@ -18,7 +18,7 @@ from restms.specs import MessageSpec
 
 from ..service import Placed
 from . import mirror, settling, waiting
-from .catalogue import FeedRec, PipeRec, bucket
+from .catalogue import FeedRec, PipeRec, bucket, route_key
 from .link import FUNCTIONS, Unconfirmed
 from .mirror import Copy
 from .values import Settings
@@ -52,10 +52,10 @@ async def fanout(
     targets: dict[str, list[int]] = {}  # pipe -> messages, in order
     for index in routed:
         spec = items[index][0]
-        key = _route_key(feed, spec)
+        key = route_key(feed, spec.address, spec.headers)
         route = routes.get(key)
         if route is None:
-            route = routes[key] = _route(engine, feed, spec)
+            route = routes[key] = engine.cache.route(feed, spec.address, spec.headers)
         route_of[index] = key
         for pipe in route:
             targets.setdefault(pipe, []).append(index)
@@ -98,25 +98,6 @@ async def fanout(
         if engine._mirror is None:
             copies = {}
     return took, placements, durable, copies
-
-
-def _route_key(feed: FeedRec, spec: MessageSpec) -> Any:
-    """What the joins a message selects depend on (Cache.matching)."""
-    if feed.type == "fanout":
-        return None
-    if feed.type == "headers":
-        return spec.address, spec.headers
-    return spec.address
-
-
-def _route(engine: RedisEngine, feed: FeedRec, spec: MessageSpec) -> dict[str, int]:
-    """The pipes a message's matching joins lead to, in the order of those joins, each
-    with how many of them it has: a pipe takes one copy, and each join counts."""
-    headers = dict(spec.headers) if feed.type == "headers" else {}
-    route: dict[str, int] = {}
-    for join in engine.cache.matching(feed, spec.address, headers):
-        route[join.pipe] = route.get(join.pipe, 0) + 1
-    return route
 
 
 async def _check_reject(

@@ -297,8 +297,7 @@ async def _room_now(
     ]
     reach: dict[str, list[int]] = defaultdict(list)
     for index, spec in enumerate(messages):
-        headers = dict(spec.headers) if feed.type == "headers" else {}
-        for join in cache.matching(feed, spec.address, headers):
+        for join in cache.matching(feed, spec.address, spec.headers):
             pipe = cache.pipes.get(join.pipe)
             skips = pipe is not None and engine.settings(pipe).overflow == "skip"
             if skips and (not reach[join.pipe] or reach[join.pipe][-1] != index):

@@ -116,13 +116,13 @@ async def collect_idle(engine: RedisEngine, every: float) -> None:
     for tag, commands in by_tag.items():
         await engine.link.batch(tag, commands, write=True)
     lock_ms = max(1, int(every * 900))
-    for index, pipes in enumerate(engine.cache.by_bucket):
+    for index, pipes in engine.cache.buckets():
         tag = engine.keys.tag(index)
-        if not pipes or not await engine.link.call(
+        if not await engine.link.call(
             tag, "SET", f"{tag}:idle", engine.link.origin, "NX", "PX", lock_ms, write=True
         ):
             continue
-        here = list(pipes)
+        here = [pipe.key for pipe in pipes]
         last = await engine.link.batch(
             tag, [("HGET", engine.keys.pipe(key)[1], "at") for key in here], write=False
         )
