@@ -326,6 +326,19 @@ async def _make_pipes(namespace: str, count: int) -> float:
     return time.monotonic() - started
 
 
+# What bench/node_start.py reports of a node, each a median of the rounds.
+NODE_FIGURES = (
+    "seconds",
+    "longest_stall_ms",
+    "reload_seconds",
+    "reload_longest_stall_ms",
+    "stats_seconds",
+    "stats_longest_stall_ms",
+    "states_seconds",
+    "states_longest_stall_ms",
+)
+
+
 def _node_start(root: Path, namespace: str) -> dict[str, Any]:
     """A node of ``root``'s engine started on ``namespace`` (bench/node_start.py)."""
     script = ROOT / "bench" / "node_start.py"
@@ -374,9 +387,7 @@ def _pipes(args: argparse.Namespace, base: Path | None) -> dict[str, Any]:
     per_pipe = (after - before) / args.pipes
     log(f"  {args.pipes} pipes: {after - before} bytes, {per_pipe:.0f} bytes a pipe, {took:.1f} s")
     summary: dict[str, Any] = {"pipes": args.pipes, "bytes_per_pipe": per_pipe, "seconds": took}
-    figures = ("seconds", "longest_stall_ms", "reload_seconds", "reload_longest_stall_ms")
-    states = ("states_seconds", "states_longest_stall_ms")
-    for figure in (*figures, "stats_seconds", "stats_longest_stall_ms", *states):
+    for figure in NODE_FIGURES:
         medians = {side: median([r[figure] for r in rs]) for side, rs in starts.items()}
         summary[f"node_{figure}"] = medians
         if base is not None:
