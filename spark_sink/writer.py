@@ -329,9 +329,9 @@ class Writer:
         )
         try:
             process.start()
-        except OSError as exc:
+        except (OSError, EOFError) as exc:  # EOFError: the forkserver ended meanwhile
             ours.close()
-            self._failed(f"cannot start the lake writer: {exc}")
+            self._failed(f"cannot start the lake writer: {exc!r}")
             return None
         finally:
             theirs.close()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import multiprocessing
 import os
 import re
 import socket
@@ -317,6 +318,38 @@ def test_a_dead_writer_process_is_counted_and_replaced(tmp_path: Path) -> None:
     rows = read_lake(lake).to_pylist()
     assert {r["message_id"] for r in rows} >= {"id-1", "id-3"}
     assert mirror.status()["written"] == len(rows)
+
+
+def test_a_writer_process_that_cannot_start_is_counted_and_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signal to the gateway's whole process group (a service manager stopping it)
+    ends the forkserver too, and a writer process started then fails with EOFError:
+    the rows it was for are counted lost, and the mirror goes on, not its thread."""
+    start = multiprocessing.process.BaseProcess.start
+    failed: list[str] = []
+
+    def start_once_failing(process: multiprocessing.process.BaseProcess) -> None:
+        if process.name == "mirror-writer" and not failed:
+            failed.append(process.name)
+            raise EOFError("unexpected EOF")
+        start(process)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_once_failing)
+    lake = tmp_path / "lake"
+    mirror = started(lake, poll_seconds=0.01)
+    mirror.offer(event(T0, 1))
+    mirror.flush(WAIT)
+    assert failed
+    status = mirror.status()
+    assert status["errors"] >= 1
+    assert "cannot start the lake writer: EOFError" in status["last_error"]
+    assert status["lost"] == 1
+    time.sleep(writer.RESTART)  # then a process may be started again
+    mirror.offer(event(T0, 2))
+    assert mirror.flush(WAIT)
+    assert mirror.stop(WAIT)
+    assert {r["message_id"] for r in read_lake(lake).to_pylist()} == {"id-2"}
 
 
 # ---------------------------------------------------------------- publish request records
