@@ -185,7 +185,7 @@ def _until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
 
 async def master_port(key: str) -> int:
     """The port of the instance that is the master of ``key``'s slot now."""
-    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, driver_info=nodes.DRIVER)
+    cluster = RedisCluster.from_url(nodes.CLUSTER_URL, **nodes.BOUNDED)
     try:
         await cluster.initialize()
         return int(cluster.get_node_from_key(key).port)
@@ -211,7 +211,7 @@ async def whole() -> bool:
     replica still loading its copy says so): the cluster as the next test needs it."""
     try:
         roles = {port: await role(port) for port in PORTS}
-        async with Redis(host="127.0.0.1", port=PORTS[0], driver_info=nodes.DRIVER) as first:
+        async with Redis(host="127.0.0.1", port=PORTS[0], **nodes.BOUNDED) as first:
             info = (await first.execute_command("CLUSTER", "INFO")).decode()
     except (RedisError, OSError):
         return False

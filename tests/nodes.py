@@ -36,6 +36,10 @@ TOPOLOGIES = ("one", "three-nodes")
 # Given, so that making a client does not read the package's metadata from disk (a
 # blocking call on the event loop).
 DRIVER = redis.DriverInfo(lib_version=redis.__version__)
+# Seconds any one call of these helpers may wait on the cluster: a hung teardown shows
+# as this call's error, not as the whole test's timeout with its stack lost.
+WAIT = 15.0
+BOUNDED = {"driver_info": DRIVER, "socket_timeout": WAIT, "socket_connect_timeout": WAIT}
 
 
 def namespace() -> str:
@@ -45,11 +49,11 @@ def namespace() -> str:
 
 async def forget(name: str) -> None:
     """Delete every key of the namespace ``name`` on every master."""
-    cluster = RedisCluster.from_url(CLUSTER_URL, driver_info=DRIVER)
+    cluster = RedisCluster.from_url(CLUSTER_URL, **BOUNDED)
     try:
         await cluster.initialize()
         for node in cluster.get_primaries():
-            async with Redis(host=node.host, port=node.port, driver_info=DRIVER) as master:
+            async with Redis(host=node.host, port=node.port, **BOUNDED) as master:
                 keys = [key async for key in master.scan_iter(match=f"{{{name}:*", count=1000)]
             for key in keys:  # one at a time: keys of several slots cannot share one
                 await cluster.unlink(key)
@@ -61,7 +65,7 @@ async def owner_pid(namespace: str, name: str, kind: str = "hook") -> int:
     """The process id of the node holding the lock of a webhook pipe (or a bridge: kind
     "bridge"); the lock's value names the node (host, process id, a random part), then
     the token."""
-    cluster = RedisCluster.from_url(CLUSTER_URL, driver_info=DRIVER)
+    cluster = RedisCluster.from_url(CLUSTER_URL, **BOUNDED)
     try:
         held = await cluster.get(f"{{{namespace}:own}}:{kind}:{name}")
     finally:

@@ -25,7 +25,7 @@ from feeds.redis import RedisEngine
 from feeds.redis.link import DRIVER
 from feeds.service import EngineService
 from tests.app.test_readyz import Lock
-from tests.nodes import CLUSTER_URL, PORTS
+from tests.nodes import BOUNDED, CLUSTER_URL, PORTS
 
 ENGINES = ("embedded-memory", "embedded-sqlite", "redis")
 # Engines whose persistent messages survive a restart. The Redis engine keeps every
@@ -92,14 +92,14 @@ async def forget_namespace(namespace: str) -> None:
     from redis.asyncio import Redis
     from redis.asyncio.cluster import ClusterNode, RedisCluster
 
-    cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", PORTS[0])], driver_info=DRIVER)
+    cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", PORTS[0])], **BOUNDED)
     try:
         await cluster.initialize()
         masters = [(node.host, node.port) for node in cluster.get_primaries()]
     finally:
         await cluster.aclose()
     for host, port in masters:
-        client = Redis(host=host, port=port, driver_info=DRIVER)
+        client = Redis(host=host, port=port, **BOUNDED)
         try:
             async for key in client.scan_iter(match=f"{{{namespace}:*", count=1000):
                 await client.unlink(key)
