@@ -97,6 +97,18 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["PYTEST_DEBUG_TEMPROOT"] = SHM  # read when the first tmp_path is made
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Keep each module's tests on one worker when the suite runs on several
+    (scripts/test, ``--dist loadgroup``): its module-scoped fixtures are made once, as
+    in a run on one process. The Spark tests share one group, so one JVM serves them
+    all (their session fixture)."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            module = item.nodeid.split("::", 1)[0]
+            group = "spark" if module.startswith("tests/spark/") else module
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
 async def serve(config: Config) -> tuple[web.Application, GatewayRunner, str]:
     """Build and start a gateway on 127.0.0.1 as production does; its app, runner, URL."""
     app = build_app(config, open_engine(config))

@@ -24,7 +24,8 @@ from feeds.redis.catalogue import Keys
 from tests.app.test_node_kill import JSON, persistent, three_nodes
 from tests.cluster_state import NODE_TIMEOUT, cluster_up, instance_pid, master_port
 
-pytestmark = pytest.mark.app
+# Alone: a master of the cluster is killed.
+pytestmark = [pytest.mark.app, pytest.mark.alone]
 
 EACH = 60
 KILL_AFTER = 15

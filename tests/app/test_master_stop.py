@@ -47,7 +47,8 @@ from feeds.redis.catalogue import Keys
 from tests.app.test_node_kill import JSON, Nodes, persistent, three_nodes
 from tests.cluster_state import NODE_TIMEOUT, instance_pid, master_port, role, whole
 
-pytestmark = pytest.mark.app
+# Alone: a master of the cluster is stopped.
+pytestmark = [pytest.mark.app, pytest.mark.alone]
 
 PUBLISHERS = 2  # of persistent messages; one more sends non-persistent ones
 EACH = 40  # persistent messages a publisher sends

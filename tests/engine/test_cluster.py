@@ -486,6 +486,7 @@ async def test_idle_pipes_are_looked_at_once_a_round_across_nodes_and_collected_
         await forget_namespace(namespace)
 
 
+@pytest.mark.alone  # a master of the cluster steps down
 async def test_a_failover_during_a_read_of_the_whole_catalogue_has_it_read_again(
     nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -58,6 +58,7 @@ async def test_a_persistent_publish_is_on_disk_when_it_returns(restart: MakeEngi
     assert await texts(engine, pipe) == ["durable"]
 
 
+@pytest.mark.alone  # the cluster's masters refuse every write meanwhile
 async def test_a_publish_whose_commit_fails_leaves_nothing_behind(restart: MakeEngine) -> None:
     """Answered 503; no reader saw it, its position is given back, its message_id is
     free for the retry (tests/app/test_commit_failure.py, through the service)."""

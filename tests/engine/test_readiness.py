@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from feeds.service import EngineService
 
 from .conftest import MakeEngine, refuse_commits
@@ -24,6 +26,7 @@ async def test_an_engine_shutting_down_is_not_ready(make_engine: MakeEngine) -> 
     assert all(line.strip() for line in ready.problems)
 
 
+@pytest.mark.alone  # the cluster's masters refuse every write meanwhile
 async def test_an_engine_that_cannot_commit_is_not_ready_until_it_can(
     restart: MakeEngine,
 ) -> None:

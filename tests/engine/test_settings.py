@@ -117,6 +117,7 @@ async def test_settings_survive_a_restart(restart: MakeEngine) -> None:
     assert await engine.setting("federation/in/pipe") == "http://127.0.0.1:2/restms/resource/q"
 
 
+@pytest.mark.alone  # the cluster's masters refuse every write meanwhile
 async def test_a_setting_whose_commit_fails_is_refused_and_not_kept(restart: MakeEngine) -> None:
     engine = await restart()
     await engine.keep_setting("kept", "before")

@@ -150,6 +150,7 @@ async def test_inbound_takes_what_an_amqp_0_9_1_client_published(
     assert content_bytes(message) == BINARY
 
 
+@pytest.mark.alone  # the broker stops
 async def test_broker_outage_loses_nothing_and_duplicates_nothing(
     make_gateway: MakeGateway, broker: Broker, queue_name: str
 ) -> None:

@@ -215,6 +215,7 @@ async def test_amqp1_data_section_is_the_091_body(
     assert received.received == [b"from 0-9-1"]
 
 
+@pytest.mark.alone  # the broker stops
 async def test_stop_app_start_app_leaves_broker_usable(
     broker: Broker, queue_name: str, blockbuster: BlockBuster
 ) -> None:

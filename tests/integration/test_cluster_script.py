@@ -17,9 +17,13 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import redis as redis_py
 
 from tests.nodes import PORTS
+
+# Alone: the project's cluster is stopped and started again.
+pytestmark = pytest.mark.alone
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "cluster"

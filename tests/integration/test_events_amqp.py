@@ -21,6 +21,7 @@ from tests.integration.gw import gateway, new_pipe, outbound, up
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.alone  # the broker stops
 async def test_a_bridge_link_up_down_and_up_again(
     make_gateway: MakeGateway, broker: Broker, queue_name: str
 ) -> None:
