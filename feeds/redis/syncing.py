@@ -102,24 +102,41 @@ def _pipes(fields: Fields) -> list[str]:
 async def reload(engine: RedisEngine, version: int) -> None:
     """Read the whole catalogue (at the start, or when the log no longer reaches back
     to the version cached) into a new cache, a piece at a time (:func:`_read`), take
-    the news since ``version`` (the catalogue's when the read began), then swap it in:
+    the news since ``version`` (the catalogue's when the read began) until it is as new
+    as the cache in use (:func:`_catch_up`), then swap it in:
     a catalogue of 100,000 pipes holds neither the master nor this node's loop for its
     whole read."""
     for _ in range(RELOADS):
         cache = await _read(engine, version)
         if cache is None:  # read from two servers: a failover or a restart meanwhile
             continue
-        reply = await _since(engine, version)
-        if reply[1:2] == [b"full"]:  # more changed meanwhile than the log keeps: again
-            version = int(reply[0])
+        behind = await _catch_up(engine, cache, version)
+        if behind is not None:  # more changed meanwhile than the log keeps: again
+            version = behind
             continue
-        if len(reply) > 1:
-            cache.load(int(reply[0]), _fields(reply[2:]))
         engine.cache.swap(cache)
         changed(engine, list(engine._waiters))  # anything may have changed: all look
         background(engine, _let_go(cache))  # (the news need not wait for it)
         return
     raise ServiceUnavailable("the catalogue changes too fast to be read whole now; retry")
+
+
+async def _catch_up(engine: RedisEngine, cache: Cache, version: int) -> int | None:
+    """Take the news since ``version`` into ``cache`` (read whole from then) until it is
+    as new as the cache in use: this engine's own changes load into that one as their
+    answers come (:func:`change`), and may be newer than news read a moment before.
+    None once caught up, or after ``RELOADS`` tries (still behind, it is swapped in as
+    it is: the next news bring the rest); the catalogue's version when its log no
+    longer reaches back to ``version``."""
+    for _ in range(RELOADS):
+        reply = await _since(engine, version)
+        if reply[1:2] == [b"full"]:
+            return int(reply[0])
+        version = int(reply[0])
+        cache.load(version, _fields(reply[2:]))
+        if version >= engine.cache.version:
+            return None
+    return None
 
 
 async def _read(engine: RedisEngine, version: int) -> Cache | None:

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from feeds.config import EngineConfig
 from feeds.redis import RedisEngine, resources, syncing, upkeep
 from feeds.redis.catalogue import Cache
+from feeds.redis.link import FUNCTIONS
 from feeds.service import FeedInfo, Owned, PipeInfo
 from restms.errors import NotFound
 from restms.specs import EmbeddedContent, MessageSpec
@@ -332,6 +333,38 @@ async def test_a_node_reads_the_catalogue_again_when_more_changed_meanwhile_than
         assert _catalogue(late.cache) == _catalogue(first.cache)
     finally:
         await late.close()
+
+
+async def test_a_catalogue_read_whole_keeps_what_the_node_changed_meanwhile(
+    nodes: tuple[RedisEngine, RedisEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that reads the catalogue whole swaps in no cache older than the one in
+    use: a pipe it made while the read's news were on their way stays known (it was
+    dropped from the node's cache until its next news, and a look-up of the pipe just
+    made answered 404)."""
+    node, _ = nodes
+    await new_feed(node, "t", "topic")
+    calls, held, release = 0, asyncio.Event(), asyncio.Event()
+    sent = node.link.call
+
+    async def late(key: str, *args: Any, **options: Any) -> Any:
+        nonlocal calls
+        reply = await sent(key, *args, **options)
+        if args[:2] == ("FCALL", FUNCTIONS + "cat_since"):
+            calls += 1
+            if calls == 1:  # the news after the read, answered: held on their way
+                held.set()
+                await asyncio.wait_for(release.wait(), 30)
+        return reply
+
+    monkeypatch.setattr(node.link, "call", late)
+    reading = asyncio.create_task(syncing.reload(node, node.cache.version))
+    await asyncio.wait_for(held.wait(), 30)
+    pipe = await new_pipe(node)
+    release.set()
+    await reading
+    assert pipe.key in node.cache.pipes
+    assert (await node.pipe(ME, pipe.key)).key == pipe.key
 
 
 async def test_a_lease_taken_on_one_node_runs_out_on_the_other(
