@@ -1,7 +1,8 @@
 """One gateway node's engine on a namespace that holds a large catalogue (part of
 benchmark 17: ``bench.cluster --only pipes``): how long its start takes and the longest
-its event loop went without turning meanwhile; then, running as a started gateway does
-(its collector settings), how long reading the whole catalogue again takes and the
+its event loop went without turning meanwhile (with the gateway's collector settings,
+which it sets before its engine starts); then, running as a started gateway does (what
+its start built frozen), how long reading the whole catalogue again takes and the
 longest stall then, as when a node fell further behind than the log of changes reaches;
 then the same for the engine's stats (the census each scrape of /metrics takes) and
 for every pipe's state (the admin API's list of pipes and its overview).
@@ -59,18 +60,18 @@ async def measure(url: str, namespace: str) -> dict[str, Any]:
     from gateway.server.run import GC_THRESHOLDS
 
     engine = RedisEngine.open(EngineConfig(), url, namespace=namespace)
+    gc.set_threshold(*GC_THRESHOLDS)  # as the gateway sets them, before its engine starts
     stalls = Stalls()
     began = time.perf_counter()
     try:
         await engine.start()
         took = time.perf_counter() - began
         start_stall = await stalls.stop()
-        # Then serving, as the gateway runs once started: its collector settings, what
-        # start-up built frozen. The node has fallen behind further than the log of
-        # changes reaches (version 1 is long gone from it), so it reads it all again.
+        # Then serving, as the gateway runs once started: what start-up built frozen.
+        # The node has fallen behind further than the log of changes reaches (version 1
+        # is long gone from it), so it reads it all again.
         gc.collect()
         gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
         engine.cache.version = 1
         stalls = Stalls()
         began = time.perf_counter()

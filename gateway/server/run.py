@@ -112,6 +112,10 @@ async def serve(
 async def _serve(
     config: Config, open_engine: Callable[[Config], EngineService], reuse_port: bool
 ) -> None:
+    # Set before the engine starts: its start builds what it keeps (the messages of a
+    # store, a cluster node's whole catalogue), which Python's default thresholds would
+    # scan again and again as it grows.
+    gc.set_threshold(*GC_THRESHOLDS)
     app = build_app(config, open_engine(config))
     runner = make_runner(app, config)
     in_flight = app[IN_FLIGHT]
@@ -141,7 +145,6 @@ async def _serve(
         raise
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
     try:
         site = await start_site(runner, config, config.host, config.port, reuse_port=reuse_port)
     except ConfigError as exc:
