@@ -103,10 +103,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     in a run on one process. The Spark tests share one group, so one JVM serves them
     all (their session fixture)."""
     for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            module = item.nodeid.split("::", 1)[0]
-            group = "spark" if module.startswith("tests/spark/") else module
-            item.add_marker(pytest.mark.xdist_group(group))
+        module = item.nodeid.split("::", 1)[0]
+        group = "spark" if module.startswith("tests/spark/") else module
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 async def serve(config: Config) -> tuple[web.Application, GatewayRunner, str]:

@@ -25,7 +25,8 @@ from feeds.redis import RedisEngine
 from feeds.redis.link import DRIVER
 from feeds.service import EngineService
 from tests.app.test_readyz import Lock
-from tests.nodes import BOUNDED, CLUSTER_URL, PORTS
+from tests.nodes import CLUSTER_URL, PORTS
+from tests.nodes import forget as forget_namespace
 
 ENGINES = ("embedded-memory", "embedded-sqlite", "redis")
 # Engines whose persistent messages survive a restart. The Redis engine keeps every
@@ -85,26 +86,6 @@ async def _forget(data: Path) -> None:
     namespace = _NAMESPACES.pop(data, None)
     if namespace is not None:
         await forget_namespace(namespace)
-
-
-async def forget_namespace(namespace: str) -> None:
-    """Delete a Redis namespace's keys on every master, so the cluster does not grow."""
-    from redis.asyncio import Redis
-    from redis.asyncio.cluster import ClusterNode, RedisCluster
-
-    cluster = RedisCluster(startup_nodes=[ClusterNode("127.0.0.1", PORTS[0])], **BOUNDED)
-    try:
-        await cluster.initialize()
-        masters = [(node.host, node.port) for node in cluster.get_primaries()]
-    finally:
-        await cluster.aclose()
-    for host, port in masters:
-        client = Redis(host=host, port=port, **BOUNDED)
-        try:
-            async for key in client.scan_iter(match=f"{{{namespace}:*", count=1000):
-                await client.unlink(key)
-        finally:
-            await client.aclose()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
